@@ -1,3 +1,356 @@
-fn main() {
-    println!("Hello, world!");
+//! `braid`: the command-line front end (testbed, baselines, demo, bench).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use braid_cli::baseline::{self, ClientOpts, Mode, ServerOpts};
+use braid_cli::parse::{self, RailSpec, Rate};
+use braid_cli::testbed::{Testbed, TestbedSpec};
+use braid_cli::{demo, parse::parse_rate};
+
+// TODO(lead): bench — add `mod bench;` here and replace the placeholder `Bench` subcommand
+// below once src/bench.rs exists. The demo runs, as subprocesses:
+//   <exe> bench server --listen A:P[,A:P...]          (in host 1; must listen, serve one run, exit)
+//   <exe> bench write --rails L=A:P[,...] -s SIZE -D SECS --json FILE   (in host 0)
+// FILE: one object or {"results":[...]} with size, iterations, bw_mb_s, msg_rate,
+// client_cpu_s_per_gb, server_cpu_s_per_gb.
+
+/// braid: RMA striped over several Ethernet NICs — testbed, baselines, benchmarks, demo.
+#[derive(Parser, Debug)]
+#[command(name = "braid", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Emulated cluster: network namespaces joined by tbf-shaped veth rails.
+    Testbed {
+        #[command(subcommand)]
+        cmd: TestbedCmd,
+    },
+    /// Plain TCP and trunking baselines (server and client).
+    Baseline {
+        /// Which baseline.
+        kind: BaselineKind,
+        #[command(subcommand)]
+        role: Role,
+    },
+    /// The trunking comparison: tcp, trunking and rma over 1..N shaped rails.
+    Demo(DemoArgs),
+    /// braid RMA benchmarks (perftest-style). Not built yet.
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// Arguments of the bench subcommand.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+struct ShapeArgs {
+    /// Number of rails (veth pairs) per host pair.
+    #[arg(long, default_value_t = 4)]
+    rails: usize,
+    /// Rate of every rail (tc units: 1gbit, 250mbit, ...).
+    #[arg(long, default_value = "1gbit", value_parser = parse_rate)]
+    rate: Rate,
+    /// Per-rail rates, overriding --rails and --rate (e.g. 1gbit,1gbit,1gbit,250mbit).
+    #[arg(long, value_parser = parse::parse_rates)]
+    rates: Option<std::vec::Vec<Rate>>,
+    /// MTU of every rail.
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
+}
+
+impl ShapeArgs {
+    fn rates(&self) -> Vec<Rate> {
+        self.rates
+            .clone()
+            .unwrap_or_else(|| vec![self.rate; self.rails])
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum TestbedCmd {
+    /// Create the namespaces and rails (reuses an identical testbed of the same name).
+    Up {
+        /// Testbed name; namespaces are NAME-h0, NAME-h1, ...
+        #[arg(long, default_value = "braid")]
+        name: String,
+        /// Number of hosts.
+        #[arg(long, default_value_t = 2)]
+        hosts: usize,
+        #[command(flatten)]
+        shape: ShapeArgs,
+    },
+    /// Remove the namespaces of a testbed.
+    Down {
+        /// Testbed name.
+        #[arg(long, default_value = "braid")]
+        name: String,
+    },
+    /// Print hosts, rails, addresses and rates.
+    Status {
+        /// Testbed name.
+        #[arg(long, default_value = "braid")]
+        name: String,
+    },
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy)]
+enum BaselineKind {
+    /// One plain TCP stream per rail.
+    Tcp,
+    /// Round-robin fragments over all rails, reassembled through a reorder buffer.
+    Trunking,
+}
+
+#[derive(Subcommand, Debug)]
+enum Role {
+    /// Serve client runs (by default exactly one) and exit.
+    Server {
+        /// Addresses to listen on, IP[:PORT] (default port 18515), one per rail.
+        #[arg(long, value_parser = parse::parse_addrs)]
+        listen: std::vec::Vec<std::net::SocketAddrV4>,
+        /// Serve exactly one client run and exit (the default).
+        #[arg(long, conflicts_with = "runs")]
+        once: bool,
+        /// Number of client runs to serve before exiting.
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+        /// Seconds to wait for a client.
+        #[arg(long, default_value_t = 30.0)]
+        accept_timeout: f64,
+        /// Write the server report(s) as JSON to FILE ("-" for stdout).
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Connect, send for -D seconds, print the result.
+    Client {
+        /// Rails: LOCAL=REMOTE[:PORT][,...]; several rails = parallel streams / trunking.
+        #[arg(long, value_parser = parse::parse_rails)]
+        rails: std::vec::Vec<RailSpec>,
+        /// Message size (bytes; K/M/G suffixes are powers of 1024).
+        #[arg(short = 's', long, default_value = "4M", value_parser = parse::parse_size)]
+        size: usize,
+        /// Duration in seconds.
+        #[arg(short = 'D', long, default_value_t = 3.0)]
+        duration: f64,
+        /// Stop after this many messages.
+        #[arg(short = 'n', long)]
+        iters: Option<u64>,
+        /// Trunking fragment size.
+        #[arg(long, default_value = "64K", value_parser = parse::parse_size)]
+        frag: usize,
+        /// Write the result as one JSON line to FILE ("-" for stdout).
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    #[command(flatten)]
+    shape: ShapeArgs,
+    /// Seconds per measurement.
+    #[arg(short = 'D', long, default_value_t = 2.0)]
+    duration: f64,
+    /// Message size of the table.
+    #[arg(short = 's', long, default_value = "4M", value_parser = parse::parse_size)]
+    size: usize,
+    /// Message sizes for the size chart (trunking and rma).
+    #[arg(long, default_value = "64K,1M,4M", value_parser = parse::parse_sizes)]
+    sizes: std::vec::Vec<usize>,
+    /// Write {"rows": [...]} to FILE.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the SVG chart to FILE.
+    #[arg(long, default_value = "target/braid-demo.svg")]
+    chart: PathBuf,
+    /// Use unshaped loopback rails even where namespaces work.
+    #[arg(long)]
+    loopback: bool,
+}
+
+fn secs(s: f64, what: &str) -> Result<Duration> {
+    if !(s > 0.0 && s <= 86_400.0) {
+        bail!("{what} must be between 0 and 86400 seconds");
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+fn write_json(path: &PathBuf, value: &impl serde::Serialize) -> Result<()> {
+    let line = serde_json::to_string(value)?;
+    if path.as_os_str() == "-" {
+        println!("{line}");
+    } else {
+        std::fs::write(path, line + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn baseline_cmd(kind: BaselineKind, role: Role) -> Result<()> {
+    let mode = match kind {
+        BaselineKind::Tcp => Mode::Tcp,
+        BaselineKind::Trunking => Mode::Trunking,
+    };
+    match role {
+        Role::Server {
+            listen,
+            once,
+            runs,
+            accept_timeout,
+            json,
+        } => {
+            let runs = if once { 1 } else { runs };
+            if runs == 0 || runs > 100_000 {
+                bail!("--runs must be 1..100000");
+            }
+            let ls = baseline::bind(&listen)?;
+            let bound: Vec<String> = ls
+                .iter()
+                .map(|l| {
+                    l.local_addr()
+                        .map(|a: SocketAddr| a.to_string())
+                        .unwrap_or_default()
+                })
+                .collect();
+            eprintln!(
+                "braid baseline {} server listening on {}",
+                mode.as_str(),
+                bound.join(",")
+            );
+            let opts = ServerOpts {
+                listen,
+                accept_timeout: secs(accept_timeout, "--accept-timeout")?,
+                runs,
+            };
+            let reports = baseline::serve(mode, &ls, &opts)?;
+            for r in &reports {
+                eprintln!(
+                    "server: {} bytes, {} messages in {:.2} s, {:.3} CPU s ({:.2} CPU s/GB){}",
+                    r.bytes,
+                    r.messages,
+                    r.seconds,
+                    r.cpu_s,
+                    r.cpu_s / (r.bytes as f64 / 1e9),
+                    if r.verified {
+                        ", last message verified"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            if let Some(p) = json {
+                if reports.len() == 1 {
+                    write_json(&p, &reports[0])?;
+                } else {
+                    write_json(&p, &serde_json::json!({ "results": reports }))?;
+                }
+            }
+        }
+        Role::Client {
+            rails,
+            size,
+            duration,
+            iters,
+            frag,
+            json,
+        } => {
+            let opts = ClientOpts {
+                rails,
+                size,
+                duration: secs(duration, "-D")?,
+                max_messages: iters,
+                frag,
+            };
+            let r = match mode {
+                Mode::Tcp => baseline::run_tcp_client(&opts)?,
+                Mode::Trunking => baseline::run_trunking_client(&opts)?,
+            };
+            let to_stdout = json.as_ref().is_some_and(|p| p.as_os_str() == "-");
+            if !to_stdout {
+                println!(
+                    "{} {} rail(s) {} B: {:.2} MB/s, {} msgs, {} bytes in {:.3} s; CPU s/GB client {:.3} server {:.3}",
+                    mode.as_str(),
+                    r.rails,
+                    r.size,
+                    r.bw_mb_s,
+                    r.iterations,
+                    r.bytes,
+                    r.seconds,
+                    r.client_cpu_s_per_gb,
+                    r.server_cpu_s_per_gb
+                );
+            }
+            if let Some(p) = json {
+                write_json(&p, &r)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn testbed_cmd(cmd: TestbedCmd) -> Result<()> {
+    match cmd {
+        TestbedCmd::Up { name, hosts, shape } => {
+            braid_cli::testbed::probe()?;
+            let spec = TestbedSpec {
+                name,
+                hosts,
+                rates: shape.rates(),
+                mtu: shape.mtu,
+            };
+            let tb = Testbed::up(&spec)?;
+            print!("{}", tb.status()?);
+            tb.persist();
+        }
+        TestbedCmd::Down { name } => {
+            let removed = Testbed::down_by_name(&name)?;
+            if removed.is_empty() {
+                println!("no namespaces of testbed {name:?} found");
+            } else {
+                println!("removed {}", removed.join(" "));
+            }
+        }
+        TestbedCmd::Status { name } => print!("{}", Testbed::open(&name)?.status()?),
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Testbed { cmd } => testbed_cmd(cmd),
+        Cmd::Baseline { kind, role } => baseline_cmd(kind, role),
+        Cmd::Demo(a) => {
+            let opts = demo::DemoOpts {
+                rates: a.shape.rates(),
+                mtu: a.shape.mtu,
+                duration: secs(a.duration, "-D")?,
+                size: a.size,
+                sizes: a.sizes,
+                json: a.json,
+                chart: a.chart,
+                loopback: a.loopback,
+            };
+            demo::run(&opts).map(|_| ())
+        }
+        Cmd::Bench { args } => {
+            // TODO(lead): bench — replace with the real subcommand from src/bench.rs.
+            bail!("bench is not built yet (braid bench {})", args.join(" "))
+        }
+    }
 }
