@@ -1,0 +1,379 @@
+//! The plain-socket backend: one io_uring owned by one progress thread.
+//!
+//! * Callers never touch the ring's queues: [`UringBackend::start`] pushes the op on a
+//!   mutex-protected list and, if the progress thread is not already notified, writes an
+//!   eventfd that the ring always has a read posted on. (Only the progress thread submits,
+//!   so requests never die with the thread that posted them, and there is one submitter.)
+//! * The progress thread drains the list, turns ops into SQEs (the op's `Box` pointer is the
+//!   `user_data`), submits and waits in one `io_uring_enter`, then turns CQEs into either a
+//!   resubmission (short transfer, `EAGAIN`) or [`core::complete`].
+//! * Memory registration fills a slot of a sparse fixed-buffer table, so zero-copy sends
+//!   (`SEND_ZC` with `IORING_RECVSEND_FIXED_BUF`) of registered buffers need no page pinning
+//!   per send. Whether zero-copy is used depends on the buffer size (`BRAID_EXS_ZC_MIN`).
+
+use std::cell::Cell;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use io_uring::{IoUring, cqueue, opcode, squeue, types::Fd};
+use parking_lot::Mutex;
+
+use crate::core::{self, Backend, Errno, Op, OpKind};
+
+thread_local! {
+    static ON_PROGRESS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True on the progress thread (where blocking for an operation would deadlock).
+pub(crate) fn on_progress_thread() -> bool {
+    ON_PROGRESS.with(|c| c.get())
+}
+
+const WAKE: u64 = 0;
+const FIXED_SLOTS: u32 = 1024;
+const MAX_CHUNK: usize = 1 << 30;
+/// Default zero-copy threshold (0 = never); see the crate docs for the measurements.
+pub(crate) const DEFAULT_ZC_MIN: usize = 0;
+
+/// The io_uring plain-socket backend.
+pub(crate) struct UringBackend {
+    ring: IoUring,
+    pending: Mutex<Vec<Box<Op>>>,
+    notified: AtomicBool,
+    efd: OwnedFd,
+    slots: Mutex<Vec<u32>>,
+    zc_min: AtomicUsize,
+}
+
+impl UringBackend {
+    /// Create the ring and start the progress thread.
+    pub(crate) fn start() -> Result<Arc<Self>, Errno> {
+        let ring = IoUring::builder()
+            .setup_cqsize(8192)
+            .setup_coop_taskrun()
+            .build(512)
+            .or_else(|_| IoUring::builder().build(512))
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::ENOSYS))?;
+        // SAFETY: plain syscall; the result is checked.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(errno());
+        }
+        // SAFETY: efd is a fresh descriptor that we own.
+        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let slots = if ring
+            .submitter()
+            .register_buffers_sparse(FIXED_SLOTS)
+            .is_ok()
+        {
+            (0..FIXED_SLOTS).rev().collect()
+        } else {
+            Vec::new()
+        };
+        let zc_min = std::env::var("BRAID_EXS_ZC_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_ZC_MIN);
+        let me = Arc::new(UringBackend {
+            ring,
+            pending: Mutex::new(Vec::new()),
+            notified: AtomicBool::new(false),
+            efd,
+            slots: Mutex::new(slots),
+            zc_min: AtomicUsize::new(zc_min),
+        });
+        let th = me.clone();
+        std::thread::Builder::new()
+            .name("exs-progress".into())
+            .spawn(move || th.run())
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
+        Ok(me)
+    }
+
+    pub(crate) fn set_zc_min(&self, n: usize) {
+        self.zc_min.store(n, Ordering::Relaxed)
+    }
+
+    pub(crate) fn zc_min(&self) -> usize {
+        self.zc_min.load(Ordering::Relaxed)
+    }
+
+    fn push(&self, e: squeue::Entry) {
+        // Bounded: each round either pushes or submits (which frees SQ space).
+        for _ in 0..1000 {
+            // SAFETY: only the progress thread touches the submission queue.
+            let mut sq = unsafe { self.ring.submission_shared() };
+            // SAFETY: the entry's pointers live in a boxed Op (or the thread's wake buffer)
+            // that stays alive until its CQE is reaped.
+            if unsafe { sq.push(&e) }.is_ok() {
+                return;
+            }
+            drop(sq);
+            let _ = self.ring.submit();
+        }
+        tracing::error!("exs: submission queue stuck full");
+    }
+
+    fn run(self: Arc<Self>) {
+        ON_PROGRESS.with(|c| c.set(true));
+        let mut wake_buf = Box::new(0u64);
+        let mut arm_wake = true;
+        let mut local: Vec<Box<Op>> = Vec::new();
+        let mut cqes: Vec<(u64, i32, u32)> = Vec::with_capacity(512);
+        loop {
+            if arm_wake {
+                let e = opcode::Read::new(
+                    Fd(self.efd.as_raw_fd()),
+                    &mut *wake_buf as *mut u64 as *mut u8,
+                    8,
+                )
+                .build()
+                .user_data(WAKE);
+                self.push(e);
+                arm_wake = false;
+            }
+            std::mem::swap(&mut local, &mut *self.pending.lock());
+            for op in local.drain(..) {
+                self.issue(op);
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                    ) => {}
+                Err(e) => {
+                    tracing::error!("exs: io_uring_enter: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            cqes.clear();
+            {
+                // SAFETY: only the progress thread touches the completion queue.
+                let cq = unsafe { self.ring.completion_shared() };
+                cqes.extend(cq.map(|c| (c.user_data(), c.result(), c.flags())));
+            }
+            for &(ud, res, flags) in &cqes {
+                if ud == WAKE {
+                    self.notified.store(false, Ordering::SeqCst);
+                    arm_wake = true;
+                    continue;
+                }
+                self.on_cqe(ud, res, flags);
+            }
+        }
+    }
+
+    /// Turn an op into an SQE, or finish it if nothing is left to do.
+    fn issue(&self, mut op: Box<Op>) {
+        let fd = Fd(op.fd);
+        let e = if op.polling {
+            let ev = if op.kind == OpKind::Send {
+                libc::POLLOUT
+            } else {
+                libc::POLLIN
+            };
+            opcode::PollAdd::new(fd, ev as u32).build()
+        } else {
+            match op.kind {
+                OpKind::Send | OpKind::Recv
+                    if op.iov.is_empty() || op.done >= op.total && op.total > 0 =>
+                {
+                    let n = op.done;
+                    core::complete(op, Ok(n));
+                    return;
+                }
+                OpKind::Send if op.iov.len() == 1 => {
+                    let len = op.iov[0].iov_len.min(MAX_CHUNK) as u32;
+                    let base = op.iov[0].iov_base as *const u8;
+                    let zc = self.zc_min();
+                    match op.fixed {
+                        Some(slot) if zc != 0 && len as usize >= zc => {
+                            opcode::SendZc::new(fd, base, len)
+                                .buf_index(Some(slot as u16))
+                                .flags(op.msg_flags)
+                                .build()
+                        }
+                        _ => opcode::Send::new(fd, base, len).flags(op.msg_flags).build(),
+                    }
+                }
+                OpKind::Recv if op.iov.len() == 1 => {
+                    let len = op.iov[0].iov_len.min(MAX_CHUNK) as u32;
+                    opcode::Recv::new(fd, op.iov[0].iov_base as *mut u8, len)
+                        .flags(op.msg_flags)
+                        .build()
+                }
+                OpKind::Send | OpKind::Recv => {
+                    op.msg.msg_iov = op.iov.as_mut_ptr();
+                    op.msg.msg_iovlen = op.iov.len();
+                    if op.kind == OpKind::Send {
+                        opcode::SendMsg::new(fd, &op.msg)
+                            .flags(op.msg_flags as u32)
+                            .build()
+                    } else {
+                        opcode::RecvMsg::new(fd, &mut op.msg)
+                            .flags(op.msg_flags as u32)
+                            .build()
+                    }
+                }
+                OpKind::Connect => opcode::Connect::new(
+                    fd,
+                    (&op.addr as *const libc::sockaddr_storage).cast(),
+                    op.addrlen,
+                )
+                .build(),
+                OpKind::Accept => opcode::Accept::new(
+                    fd,
+                    (&mut op.addr as *mut libc::sockaddr_storage).cast(),
+                    &mut op.addrlen,
+                )
+                .flags(libc::SOCK_CLOEXEC)
+                .build(),
+                OpKind::Poll => opcode::PollAdd::new(fd, op.poll_events as u16 as u32).build(),
+            }
+        };
+        let ud = Box::into_raw(op) as u64;
+        self.push(e.user_data(ud));
+    }
+
+    fn on_cqe(&self, ud: u64, res: i32, flags: u32) {
+        let ptr = ud as *mut Op;
+        if cqueue::more(flags) {
+            // First CQE of a zero-copy send: keep the result until the buffer is released.
+            // SAFETY: ud is an Op we leaked in `issue`, still owned by the ring.
+            unsafe { (*ptr).scratch = Some(res) };
+            return;
+        }
+        // SAFETY: this is the op's last CQE: take it back.
+        let mut op = unsafe { Box::from_raw(ptr) };
+        let res = if cqueue::notif(flags) {
+            op.scratch.take().unwrap_or(0)
+        } else {
+            res
+        };
+        if op.polling {
+            op.polling = false;
+            if res < 0 && res != -libc::EINTR {
+                core::complete(op, Err(-res));
+            } else {
+                self.issue(op);
+            }
+            return;
+        }
+        match op.kind {
+            OpKind::Send | OpKind::Recv => {
+                if res == -libc::EINTR {
+                    return self.issue(op);
+                }
+                if res == -libc::EAGAIN {
+                    op.polling = true;
+                    return self.issue(op);
+                }
+                if res < 0 {
+                    return core::complete(op, Err(-res));
+                }
+                let n = res as usize;
+                op.done += n;
+                advance(&mut op.iov, n);
+                let finished =
+                    op.done >= op.total || (op.kind == OpKind::Recv && (n == 0 || !op.waitall));
+                if finished {
+                    let d = op.done;
+                    core::complete(op, Ok(d));
+                } else if n == 0 {
+                    core::complete(op, Err(libc::EPIPE));
+                } else {
+                    self.issue(op);
+                }
+            }
+            _ => {
+                if res < 0 {
+                    core::complete(op, Err(-res))
+                } else {
+                    core::complete(op, Ok(res as usize))
+                }
+            }
+        }
+    }
+}
+
+fn advance(iov: &mut Vec<libc::iovec>, mut n: usize) {
+    let mut i = 0;
+    while n > 0 && i < iov.len() {
+        let l = iov[i].iov_len;
+        if n >= l {
+            n -= l;
+            i += 1;
+        } else {
+            // SAFETY: n < l, so the new base stays inside the same buffer.
+            iov[i].iov_base = unsafe { iov[i].iov_base.cast::<u8>().add(n) }.cast();
+            iov[i].iov_len -= n;
+            n = 0;
+        }
+    }
+    iov.drain(..i);
+}
+
+fn errno() -> Errno {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+impl Backend for UringBackend {
+    fn start(&self, op: Box<Op>) {
+        self.pending.lock().push(op);
+        if !on_progress_thread() && !self.notified.swap(true, Ordering::SeqCst) {
+            let one = 1u64;
+            // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
+            let _ = unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+    }
+
+    fn register(&self, addr: *mut u8, len: usize) -> Result<Option<u32>, Errno> {
+        if len > MAX_CHUNK {
+            return Ok(None);
+        }
+        let Some(slot) = self.slots.lock().pop() else {
+            return Ok(None);
+        };
+        let iov = libc::iovec {
+            iov_base: addr.cast(),
+            iov_len: len,
+        };
+        // SAFETY: the application promises the memory stays valid until exs_mderegister,
+        // which clears the slot.
+        match unsafe {
+            self.ring
+                .submitter()
+                .register_buffers_update(slot, &[iov], None)
+        } {
+            Ok(()) => Ok(Some(slot)),
+            Err(e) => {
+                self.slots.lock().push(slot);
+                match e.raw_os_error() {
+                    Some(libc::EFAULT) => Err(libc::EFAULT),
+                    _ => Ok(None),
+                }
+            }
+        }
+    }
+
+    fn deregister(&self, cookie: u32) {
+        let iov = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        // SAFETY: an empty iovec clears the slot.
+        let r = unsafe {
+            self.ring
+                .submitter()
+                .register_buffers_update(cookie, &[iov], None)
+        };
+        if r.is_ok() {
+            self.slots.lock().push(cookie);
+        }
+    }
+}
