@@ -1,14 +1,51 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! # braid
+//!
+//! Remote memory access, messaging and completion queues over several commodity Ethernet
+//! NICs at once: what an RDMA NIC gives a program, on ordinary TCP/IP networks.
+//!
+//! * A [`Context`] per process owns the progress engine thread and the registered memory.
+//! * [`Region`]s are registered memory with [`Access`] rights; peers reach them through a
+//!   [`RemoteKey`].
+//! * An [`Endpoint`] connects to one peer over one or more *rails* (TCP connections, ideally
+//!   one per NIC); large operations are cut into chunks striped over all rails and placed
+//!   straight into the destination memory.
+//! * Operations (`write`, `write_with_imm`, `read`, `fetch_add`, `compare_swap`, `send`,
+//!   `post_recv`) complete into a [`CompletionQueue`] that can be polled, waited on or
+//!   awaited.
+//!
+//! ```no_run
+//! use braid::{Access, Context, EndpointOptions, RailAddr};
+//! use std::time::Duration;
+//!
+//! let ctx = Context::new()?;
+//! let cq = ctx.create_cq(64);
+//! let buf = ctx.alloc_region(1 << 20, Access::all())?;
+//! let rails: Vec<RailAddr> = vec!["127.0.0.1=127.0.0.1:7000".parse()?];
+//! let ep = ctx.connect(&rails, &EndpointOptions::new(&cq))?;
+//! # let remote_key: braid::RemoteKey = unimplemented!();
+//! ep.write(1, &[buf.slice(0, 4096)?], &remote_key, 0)?;
+//! let c = cq.wait(Duration::from_secs(5)).expect("completion");
+//! assert!(c.status.is_ok());
+//! # Ok::<(), braid::Error>(())
+//! ```
+//!
+//! The protocol core ([`proto`]) is sans-IO and can be driven by a simulator; the wire
+//! format is in [`wire`] and the repository's `docs/PROTOCOL.md`.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+#![warn(missing_docs)]
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+mod context;
+mod cq;
+mod endpoint;
+mod engine;
+pub mod error;
+pub mod mem;
+pub mod proto;
+pub mod wire;
+
+pub use context::{Context, Listener};
+pub use cq::{CompletionQueue, NextCompletion};
+pub use endpoint::{Endpoint, EndpointOptions, RailAddr};
+pub use error::{Completion, CompletionKind, Error, Status};
+pub use mem::{Access, Region, RegionOptions, RemoteKey, Sge};
+pub use proto::SessionConfig;

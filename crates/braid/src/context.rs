@@ -1,0 +1,455 @@
+//! The per-process [`Context`]: registered memory, completion queues, and connection setup
+//! (the rail handshake) for endpoints served by its progress engine.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use socket2::{Domain, Socket, Type};
+
+use crate::cq::CompletionQueue;
+use crate::endpoint::{Endpoint, EndpointOptions, RailAddr};
+use crate::engine::{Command, EndpointShared, Engine, RailIo};
+use crate::error::Error;
+use crate::mem::registry::random_u64;
+use crate::mem::{Access, Region, RegionOptions, Registry};
+use crate::proto::Session;
+use crate::wire::handshake::{HANDSHAKE_LEN, HANDSHAKE_VERSION, MAX_RAILS};
+use crate::wire::{HandshakeStatus, Hello, HelloReply};
+
+static NEXT_ENDPOINT: AtomicU64 = AtomicU64::new(1);
+
+/// How long a rail's handshake may take on the accepting side.
+const ACCEPT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A session whose rails do not all arrive within this time is dropped.
+const PENDING_SESSION_TIMEOUT: Duration = Duration::from_secs(15);
+
+struct ContextInner {
+    registry: Arc<Registry>,
+    engine: Arc<Engine>,
+}
+
+/// braid's per-process state: the registry of regions and the progress engine thread that
+/// services every endpoint made from it. Cheap to clone; the engine stops when the last
+/// clone and the last endpoint are gone.
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("regions", &self.inner.registry.len())
+            .finish()
+    }
+}
+
+impl Context {
+    /// Starts a context and its progress engine.
+    pub fn new() -> Result<Context, Error> {
+        let engine = Engine::start("braid-progress".into())?;
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                registry: Arc::new(Registry::default()),
+                engine: Arc::new(engine),
+            }),
+        })
+    }
+
+    /// Allocates `len` bytes of page-aligned, zeroed memory and registers it with `access`.
+    pub fn alloc_region(&self, len: usize, access: Access) -> Result<Region, Error> {
+        Region::allocate(&self.inner.registry, len, access, RegionOptions::default())
+    }
+
+    /// [`Context::alloc_region`] with options (huge pages).
+    pub fn alloc_region_with(
+        &self,
+        len: usize,
+        access: Access,
+        opts: RegionOptions,
+    ) -> Result<Region, Error> {
+        Region::allocate(&self.inner.registry, len, access, opts)
+    }
+
+    /// Registers caller-owned memory.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes until the last handle of the
+    /// returned region is dropped (that drop waits for remote operations still using it).
+    /// While the region exists, peers (if `access` grants remote rights) and braid may write
+    /// the memory at any moment: the caller must not hold Rust references to it that assume
+    /// exclusive or unchanging contents.
+    pub unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Region, Error> {
+        // SAFETY: forwarded contract.
+        unsafe { Region::borrow(&self.inner.registry, ptr, len, access) }
+    }
+
+    /// Number of regions registered in this context.
+    pub fn region_count(&self) -> usize {
+        self.inner.registry.len()
+    }
+
+    /// A completion queue with room for `capacity` completions.
+    pub fn create_cq(&self, capacity: usize) -> CompletionQueue {
+        CompletionQueue::new(capacity)
+    }
+
+    /// Listens for endpoints on each of `addrs` (one address per rail; port 0 picks one).
+    pub fn listen(&self, addrs: &[SocketAddr]) -> Result<Listener, Error> {
+        if addrs.is_empty() {
+            return Err(Error::InvalidArgument(
+                "listen needs at least one address".into(),
+            ));
+        }
+        let mut sockets = Vec::new();
+        for a in addrs {
+            let s = Socket::new(Domain::for_address(*a), Type::STREAM, None)?;
+            s.set_reuse_address(true)?;
+            s.bind(&(*a).into())?;
+            s.listen(128)?;
+            let l: TcpListener = s.into();
+            l.set_nonblocking(true)?;
+            sockets.push(l);
+        }
+        Ok(Listener {
+            ctx: self.clone(),
+            sockets,
+            pending: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Opens an endpoint to a peer over `rails` (one TCP connection each, rail `i` from
+    /// `rails[i].local` to `rails[i].remote`).
+    pub fn connect(&self, rails: &[RailAddr], opts: &EndpointOptions) -> Result<Endpoint, Error> {
+        if rails.is_empty() || rails.len() > MAX_RAILS as usize {
+            return Err(Error::InvalidArgument(format!(
+                "an endpoint needs 1 to {MAX_RAILS} rails, got {}",
+                rails.len()
+            )));
+        }
+        let session_id = random_u64();
+        let mut streams = Vec::new();
+        for (i, r) in rails.iter().enumerate() {
+            streams.push(connect_rail(
+                r,
+                i as u16,
+                rails.len() as u16,
+                session_id,
+                opts,
+            )?);
+        }
+        self.start_endpoint(streams, opts)
+    }
+
+    fn start_endpoint(
+        &self,
+        streams: Vec<TcpStream>,
+        opts: &EndpointOptions,
+    ) -> Result<Endpoint, Error> {
+        let mut addrs = Vec::new();
+        for s in &streams {
+            s.set_nonblocking(true)?;
+            s.set_nodelay(true)?;
+            addrs.push((s.local_addr()?, s.peer_addr()?));
+        }
+        let id = NEXT_ENDPOINT.fetch_add(1, Ordering::Relaxed);
+        let session = Session::new(
+            opts.session.clone(),
+            self.inner.registry.clone(),
+            streams.len(),
+            id,
+        );
+        let shared = Arc::new(EndpointShared {
+            id,
+            peer: addrs[0].1.to_string(),
+            session: Mutex::new(session),
+            rails: streams.into_iter().map(RailIo::new).collect(),
+            send_cq: opts.send_cq.clone(),
+            recv_cq: opts.recv_cq.clone(),
+            closed: AtomicBool::new(false),
+            kicker: self.inner.engine.kicker(),
+        });
+        self.inner.engine.send(Command::Add(shared.clone()));
+        tracing::debug!(endpoint = id, peer = %shared.peer, rails = addrs.len(), "endpoint up");
+        Ok(Endpoint {
+            shared,
+            engine: self.inner.engine.clone(),
+            rails: addrs,
+        })
+    }
+}
+
+fn connect_rail(
+    r: &RailAddr,
+    index: u16,
+    count: u16,
+    session_id: u64,
+    opts: &EndpointOptions,
+) -> Result<TcpStream, Error> {
+    let s = Socket::new(Domain::for_address(r.remote), Type::STREAM, None)?;
+    if let Some(local) = r.local {
+        s.bind(&local.into()).map_err(|e| {
+            Error::Io(std::io::Error::new(
+                e.kind(),
+                format!("rail {index}: cannot bind {local}: {e}"),
+            ))
+        })?;
+    }
+    s.connect_timeout(&r.remote.into(), opts.connect_timeout)
+        .map_err(|e| {
+            Error::Io(std::io::Error::new(
+                e.kind(),
+                format!("rail {index}: cannot connect to {}: {e}", r.remote),
+            ))
+        })?;
+    s.set_tcp_nodelay(true)?;
+    let mut stream: TcpStream = s.into();
+    stream.set_read_timeout(Some(opts.connect_timeout))?;
+    stream.set_write_timeout(Some(opts.connect_timeout))?;
+    let hello = Hello {
+        version: HANDSHAKE_VERSION,
+        rail_index: index,
+        rail_count: count,
+        capabilities: 0,
+        max_chunk: opts.session.chunk_size as u32,
+        session_id,
+    };
+    stream.write_all(&hello.encode())?;
+    let mut buf = [0u8; HANDSHAKE_LEN];
+    let peer = r.remote;
+    read_handshake(&mut stream, &mut buf).map_err(|e| match e {
+        Error::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Error::Handshake {
+            peer,
+            source: crate::wire::HandshakeError::Truncated(0),
+        },
+        e => e,
+    })?;
+    let reply = HelloReply::decode(&buf).map_err(|source| Error::Handshake { peer, source })?;
+    if reply.status == HandshakeStatus::VersionUnsupported || reply.version != HANDSHAKE_VERSION {
+        return Err(Error::VersionMismatch {
+            peer,
+            ours: HANDSHAKE_VERSION,
+            theirs: reply.version,
+        });
+    }
+    if reply.status != HandshakeStatus::Accepted {
+        return Err(Error::Refused {
+            peer,
+            rail: index,
+            status: reply.status,
+        });
+    }
+    if reply.session_id != session_id || reply.rail_index != index {
+        return Err(Error::Handshake {
+            peer,
+            source: crate::wire::HandshakeError::Reserved,
+        });
+    }
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    Ok(stream)
+}
+
+fn read_handshake(stream: &mut TcpStream, buf: &mut [u8; HANDSHAKE_LEN]) -> Result<(), Error> {
+    stream.read_exact(buf).map_err(|e| {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            Error::Timeout("waiting for the rail handshake".into())
+        } else {
+            Error::Io(e)
+        }
+    })
+}
+
+struct PendingSession {
+    rails: Vec<Option<TcpStream>>,
+    since: Instant,
+}
+
+/// Accepts endpoints whose rails connect to its addresses. Rails of one endpoint are joined
+/// by the session id of their handshake, whichever address they arrive on.
+pub struct Listener {
+    ctx: Context,
+    sockets: Vec<TcpListener>,
+    pending: Mutex<HashMap<u64, PendingSession>>,
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("addrs", &self.local_addrs())
+            .finish()
+    }
+}
+
+impl Listener {
+    /// The bound addresses (with the ports the kernel chose for port 0).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.sockets
+            .iter()
+            .filter_map(|s| s.local_addr().ok())
+            .collect()
+    }
+
+    /// Waits up to `timeout` for an endpoint whose rails have all connected and completed
+    /// the handshake. Rails that fail the handshake are refused and logged, and do not end
+    /// the wait.
+    pub fn accept(&self, opts: &EndpointOptions, timeout: Duration) -> Result<Endpoint, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.closed.load(Ordering::Acquire) {
+                return Err(Error::InvalidArgument("listener closed".into()));
+            }
+            self.pending.lock().retain(|id, p| {
+                let keep = p.since.elapsed() < PENDING_SESSION_TIMEOUT;
+                if !keep {
+                    tracing::warn!(
+                        session = id,
+                        "dropping a session whose rails did not all arrive"
+                    );
+                }
+                keep
+            });
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout("no endpoint connected".into()));
+            }
+            let mut fds: Vec<libc::pollfd> = self
+                .sockets
+                .iter()
+                .map(|s| libc::pollfd {
+                    fd: s.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            let wait_ms = (deadline - now).as_millis().clamp(1, 1000) as i32;
+            // SAFETY: fds is a valid array of pollfd.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, wait_ms) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e.into());
+            }
+            for (i, pfd) in fds.iter().enumerate() {
+                if pfd.revents == 0 {
+                    continue;
+                }
+                let (stream, from) = match self.sockets[i].accept() {
+                    Ok(x) => x,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                match self.handshake(stream, from) {
+                    Ok(Some(streams)) => return self.ctx.start_endpoint(streams, opts),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(peer = %from, "refused a rail: {e}"),
+                }
+            }
+        }
+    }
+
+    /// Runs the accepting side of one rail's handshake; returns the session's rails once
+    /// they are all there.
+    fn handshake(
+        &self,
+        mut stream: TcpStream,
+        from: SocketAddr,
+    ) -> Result<Option<Vec<TcpStream>>, Error> {
+        stream.set_nonblocking(false)?;
+        stream.set_read_timeout(Some(ACCEPT_HANDSHAKE_TIMEOUT))?;
+        stream.set_write_timeout(Some(ACCEPT_HANDSHAKE_TIMEOUT))?;
+        let mut buf = [0u8; HANDSHAKE_LEN];
+        read_handshake(&mut stream, &mut buf)?;
+        let hello =
+            Hello::decode(&buf).map_err(|source| Error::Handshake { peer: from, source })?;
+        let mut reply = HelloReply {
+            version: HANDSHAKE_VERSION,
+            rail_index: hello.rail_index,
+            rail_count: hello.rail_count,
+            status: HandshakeStatus::Accepted,
+            capabilities: 0,
+            max_chunk: hello.max_chunk,
+            session_id: hello.session_id,
+        };
+        let refuse = |mut stream: TcpStream, mut reply: HelloReply, status| {
+            reply.status = status;
+            let _ = stream.write_all(&reply.encode());
+            status
+        };
+        if hello.version != HANDSHAKE_VERSION {
+            refuse(stream, reply, HandshakeStatus::VersionUnsupported);
+            return Err(Error::VersionMismatch {
+                peer: from,
+                ours: HANDSHAKE_VERSION,
+                theirs: hello.version,
+            });
+        }
+        if hello.rail_count == 0
+            || hello.rail_count > MAX_RAILS
+            || hello.rail_index >= hello.rail_count
+        {
+            let status = refuse(stream, reply, HandshakeStatus::BadRail);
+            return Err(Error::Refused {
+                peer: from,
+                rail: hello.rail_index,
+                status,
+            });
+        }
+        let mut pending = self.pending.lock();
+        let p = pending
+            .entry(hello.session_id)
+            .or_insert_with(|| PendingSession {
+                rails: (0..hello.rail_count).map(|_| None).collect(),
+                since: Instant::now(),
+            });
+        let idx = hello.rail_index as usize;
+        if p.rails.len() != hello.rail_count as usize || p.rails[idx].is_some() {
+            drop(pending);
+            let status = refuse(stream, reply, HandshakeStatus::BadRail);
+            return Err(Error::Refused {
+                peer: from,
+                rail: hello.rail_index,
+                status,
+            });
+        }
+        reply.status = HandshakeStatus::Accepted;
+        stream.write_all(&reply.encode())?;
+        stream.set_read_timeout(None)?;
+        stream.set_write_timeout(None)?;
+        p.rails[idx] = Some(stream);
+        if p.rails.iter().all(Option::is_some) {
+            let p = pending.remove(&hello.session_id).expect("present");
+            return Ok(Some(
+                p.rails
+                    .into_iter()
+                    .map(|s| s.expect("all present"))
+                    .collect(),
+            ));
+        }
+        Ok(None)
+    }
+
+    /// Stops accepting; rails of incomplete sessions are closed.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.pending.lock().clear();
+    }
+}

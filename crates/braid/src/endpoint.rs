@@ -1,0 +1,364 @@
+//! Endpoints: the operations an application posts to one peer.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::cq::CompletionQueue;
+use crate::engine::{Command, EndpointShared, Engine};
+use crate::error::Error;
+use crate::mem::region::{RemoteKey, Sge, sgl_len};
+use crate::proto::{PostError, Request, SessionConfig};
+
+/// Operations at most this large are written from the posting thread when a rail is idle
+/// (the inline fast path); larger ones are handed to the progress engine.
+const INLINE_MAX: u64 = 64 << 10;
+
+/// One rail: a local address to bind (optional) and the peer's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RailAddr {
+    /// Local address (and port, usually 0) to bind before connecting; `None` lets the
+    /// kernel choose.
+    pub local: Option<SocketAddr>,
+    /// The peer's listening address for this rail.
+    pub remote: SocketAddr,
+}
+
+impl RailAddr {
+    /// A rail from the given local IP (port chosen by the kernel) to `remote`.
+    pub fn new(local: Option<std::net::IpAddr>, remote: SocketAddr) -> RailAddr {
+        RailAddr {
+            local: local.map(|ip| SocketAddr::new(ip, 0)),
+            remote,
+        }
+    }
+}
+
+impl FromStr for RailAddr {
+    type Err = Error;
+
+    /// `REMOTE` or `LOCAL=REMOTE`, where LOCAL is an IP or IP:port and REMOTE is IP:port.
+    fn from_str(s: &str) -> Result<RailAddr, Error> {
+        let bad = |what: &str| Error::InvalidArgument(format!("rail `{s}`: {what}"));
+        let (local, remote) = match s.split_once('=') {
+            Some((l, r)) => (Some(l), r),
+            None => (None, s),
+        };
+        let remote: SocketAddr = remote.parse().map_err(|_| bad("remote must be IP:PORT"))?;
+        let local = match local {
+            None => None,
+            Some(l) => Some(match l.parse::<SocketAddr>() {
+                Ok(a) => a,
+                Err(_) => SocketAddr::new(
+                    l.parse().map_err(|_| bad("local must be IP or IP:PORT"))?,
+                    0,
+                ),
+            }),
+        };
+        Ok(RailAddr { local, remote })
+    }
+}
+
+impl fmt::Display for RailAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.local {
+            Some(l) => write!(f, "{}={}", l.ip(), self.remote),
+            None => write!(f, "{}", self.remote),
+        }
+    }
+}
+
+/// How an endpoint is set up: its completion queues and protocol tunables.
+#[derive(Debug, Clone)]
+pub struct EndpointOptions {
+    /// Queue for completions of operations posted on the endpoint.
+    pub send_cq: CompletionQueue,
+    /// Queue for completions of posted receives.
+    pub recv_cq: CompletionQueue,
+    /// Chunk size, limits and windows.
+    pub session: SessionConfig,
+    /// Bound on connecting and on each handshake step.
+    pub connect_timeout: Duration,
+}
+
+impl EndpointOptions {
+    /// Options reporting every completion to `cq`, with default tunables.
+    pub fn new(cq: &CompletionQueue) -> EndpointOptions {
+        EndpointOptions {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            session: SessionConfig::default(),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Reports receive completions to `cq` instead.
+    pub fn with_recv_cq(mut self, cq: &CompletionQueue) -> EndpointOptions {
+        self.recv_cq = cq.clone();
+        self
+    }
+}
+
+/// A reliable connection to one peer over one or more rails.
+///
+/// Every operation takes a caller-chosen `wr_id` and, when the post returns `Ok`, yields
+/// exactly one [`crate::Completion`] with that id. Operations complete in post order.
+/// Dropping the endpoint closes it (see [`Endpoint::close`]).
+pub struct Endpoint {
+    pub(crate) shared: Arc<EndpointShared>,
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) rails: Vec<(SocketAddr, SocketAddr)>,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("id", &self.shared.id)
+            .field("peer", &self.shared.peer)
+            .field("rails", &self.rails.len())
+            .finish()
+    }
+}
+
+fn post_error(ep: &EndpointShared, e: PostError) -> Error {
+    match e {
+        PostError::QueueFull { what, limit } => Error::QueueFull { what, limit },
+        PostError::Closed => Error::EndpointClosed {
+            peer: ep.peer.clone(),
+            reason: "closed or failed".into(),
+        },
+        PostError::MissingRight(r) => Error::MissingRight(r),
+        PostError::Invalid(s) => Error::InvalidArgument(s),
+    }
+}
+
+impl Endpoint {
+    /// A process-unique id, also carried in this endpoint's completions.
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// Number of rails.
+    pub fn rail_count(&self) -> usize {
+        self.shared.rails.len()
+    }
+
+    /// (local, remote) socket address of each rail.
+    pub fn rail_addrs(&self) -> &[(SocketAddr, SocketAddr)] {
+        &self.rails
+    }
+
+    /// Payload bytes sent on each rail so far (how the striping shared the work).
+    pub fn rail_bytes_sent(&self) -> Vec<u64> {
+        self.shared.session.lock().rail_data_sent()
+    }
+
+    /// The delivery rate observed on each rail, in bytes per second (0 while unknown).
+    pub fn rail_rates(&self) -> Vec<f64> {
+        self.shared.session.lock().rail_rates()
+    }
+
+    /// True once the endpoint is closed or failed.
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire) || self.shared.session.lock().is_failed()
+    }
+
+    fn post(&self, wr_id: u64, req: Request, total: u64) -> Result<(), Error> {
+        self.shared.send_cq.reserve()?;
+        let r = self.shared.session.lock().post(wr_id, req);
+        if let Err(e) = r {
+            self.shared.send_cq.unreserve();
+            return Err(post_error(&self.shared, e));
+        }
+        self.push(total);
+        Ok(())
+    }
+
+    /// Gets the posted frames moving: small ones from this thread, large ones by the engine.
+    fn push(&self, total: u64) {
+        if total <= INLINE_MAX {
+            if !self.shared.flush_all() {
+            }
+            // Anything left (a full socket) continues on the socket's writable edge.
+        } else {
+            self.engine.send(Command::Kick(self.shared.id));
+        }
+    }
+
+    /// Writes the bytes of `local` to the peer's region `remote` at `remote_offset`.
+    /// Completes when the peer has placed every byte.
+    pub fn write(
+        &self,
+        wr_id: u64,
+        local: &[Sge],
+        remote: &RemoteKey,
+        remote_offset: u64,
+    ) -> Result<(), Error> {
+        let total = sgl_len(local);
+        self.post(
+            wr_id,
+            Request::Write {
+                local: local.to_vec(),
+                rkey: remote.key,
+                addr: remote_offset,
+                imm: None,
+            },
+            total,
+        )
+    }
+
+    /// Like [`Endpoint::write`], and the peer also gets a completion
+    /// ([`crate::CompletionKind::RecvWriteImm`]) carrying `imm`; this consumes one of the
+    /// peer's posted receives (its buffer is not written), as with verbs.
+    pub fn write_with_imm(
+        &self,
+        wr_id: u64,
+        local: &[Sge],
+        remote: &RemoteKey,
+        remote_offset: u64,
+        imm: u32,
+    ) -> Result<(), Error> {
+        let total = sgl_len(local);
+        self.post(
+            wr_id,
+            Request::Write {
+                local: local.to_vec(),
+                rkey: remote.key,
+                addr: remote_offset,
+                imm: Some(imm),
+            },
+            total,
+        )
+    }
+
+    /// Reads from the peer's region `remote` at `remote_offset` into `local` (whose total
+    /// length is the read's length). The local regions need `LOCAL_WRITE`.
+    pub fn read(
+        &self,
+        wr_id: u64,
+        local: &[Sge],
+        remote: &RemoteKey,
+        remote_offset: u64,
+    ) -> Result<(), Error> {
+        self.post(
+            wr_id,
+            Request::Read {
+                local: local.to_vec(),
+                rkey: remote.key,
+                addr: remote_offset,
+            },
+            0,
+        )
+    }
+
+    /// Atomically adds `add` to the 8-byte word at `remote_offset` (8-byte aligned) of the
+    /// peer's region; the completion's `value` is the word before the addition.
+    pub fn fetch_add(
+        &self,
+        wr_id: u64,
+        remote: &RemoteKey,
+        remote_offset: u64,
+        add: u64,
+    ) -> Result<(), Error> {
+        self.post(
+            wr_id,
+            Request::FetchAdd {
+                rkey: remote.key,
+                addr: remote_offset,
+                add,
+            },
+            0,
+        )
+    }
+
+    /// Atomically replaces the 8-byte word at `remote_offset` with `swap` if it equals
+    /// `compare`; the completion's `value` is the word before (equal to `compare` on success).
+    pub fn compare_swap(
+        &self,
+        wr_id: u64,
+        remote: &RemoteKey,
+        remote_offset: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<(), Error> {
+        self.post(
+            wr_id,
+            Request::CompareSwap {
+                rkey: remote.key,
+                addr: remote_offset,
+                compare,
+                swap,
+            },
+            0,
+        )
+    }
+
+    /// Sends `local` into the peer's next posted receive. If the peer has none posted, the
+    /// message waits (in the peer's socket buffer) until it posts one.
+    pub fn send(&self, wr_id: u64, local: &[Sge]) -> Result<(), Error> {
+        let total = sgl_len(local);
+        self.post(
+            wr_id,
+            Request::Send {
+                local: local.to_vec(),
+                imm: None,
+            },
+            total,
+        )
+    }
+
+    /// [`Endpoint::send`] with 32-bit immediate data delivered in the receive completion.
+    pub fn send_with_imm(&self, wr_id: u64, local: &[Sge], imm: u32) -> Result<(), Error> {
+        let total = sgl_len(local);
+        self.post(
+            wr_id,
+            Request::Send {
+                local: local.to_vec(),
+                imm: Some(imm),
+            },
+            total,
+        )
+    }
+
+    /// Posts a buffer for the peer's next `send` (or `write_with_imm`). The regions need
+    /// `LOCAL_WRITE`.
+    pub fn post_recv(&self, wr_id: u64, local: &[Sge]) -> Result<(), Error> {
+        self.shared.recv_cq.reserve()?;
+        let retry = {
+            let mut s = self.shared.session.lock();
+            if let Err(e) = s.post_recv(wr_id, local.to_vec()) {
+                drop(s);
+                self.shared.recv_cq.unreserve();
+                return Err(post_error(&self.shared, e));
+            }
+            s.rx_retry_pending()
+        };
+        if retry {
+            // A rail was stalled waiting for a receive: let the engine resume it.
+            self.engine.send(Command::Kick(self.shared.id));
+        }
+        Ok(())
+    }
+
+    /// Closes the endpoint: every operation not yet completed completes with
+    /// [`crate::Status::Flushed`], the peer is told, and the rails are shut down.
+    pub fn close(&self) {
+        {
+            let mut s = self.shared.session.lock();
+            s.close();
+            self.shared.deliver(&mut s);
+        }
+        self.engine.send(Command::Close(self.shared.id));
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if !self.shared.closed.load(Ordering::Acquire) {
+            self.close();
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Thin socket I/O for rails: vectored non-blocking send and receive on raw descriptors.
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// Most iovec entries handed to one system call.
+const MAX_IOV: usize = 64;
+
+/// Sends from `pieces` starting `skip` bytes in; returns bytes sent. `WouldBlock` when the
+/// socket buffer is full.
+pub(crate) fn send_pieces(
+    fd: RawFd,
+    pieces: &[(*const u8, usize)],
+    mut skip: usize,
+) -> io::Result<usize> {
+    let mut iov: [libc::iovec; MAX_IOV] = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_IOV];
+    let mut n = 0;
+    for &(p, l) in pieces {
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        if n == MAX_IOV {
+            break;
+        }
+        // SAFETY: skip < l, so the pointer stays inside the piece.
+        iov[n] = libc::iovec {
+            iov_base: unsafe { p.add(skip) } as *mut libc::c_void,
+            iov_len: l - skip,
+        };
+        skip = 0;
+        n += 1;
+    }
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: a zeroed msghdr is valid; iov points at n initialised entries.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = n as _;
+    loop {
+        // SAFETY: msg is fully initialised; the pieces are kept alive by the caller.
+        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives into `pieces` starting `skip` bytes in; returns bytes received (0 = peer closed).
+pub(crate) fn recv_pieces(
+    fd: RawFd,
+    pieces: &[(*mut u8, usize)],
+    mut skip: usize,
+) -> io::Result<usize> {
+    let mut iov: [libc::iovec; MAX_IOV] = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_IOV];
+    let mut n = 0;
+    for &(p, l) in pieces {
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        if n == MAX_IOV {
+            break;
+        }
+        // SAFETY: skip < l.
+        iov[n] = libc::iovec {
+            iov_base: unsafe { p.add(skip) }.cast(),
+            iov_len: l - skip,
+        };
+        skip = 0;
+        n += 1;
+    }
+    if n == 0 {
+        return Ok(0);
+    }
+    loop {
+        // SAFETY: iov has n valid entries pointing into pinned registered memory.
+        let r = unsafe { libc::readv(fd, iov.as_ptr(), n as i32) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives into `buf`; returns bytes received (0 = peer closed).
+pub(crate) fn recv_into(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a valid writable slice.
+        let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

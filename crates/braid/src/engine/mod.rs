@@ -1,0 +1,616 @@
+//! The progress engine: one thread per [`crate::Context`] that owns every rail's receive
+//! side and services the peer's one-sided operations without the application's help.
+//!
+//! Transmission is shared: whoever holds a rail's transmit lock (the engine, or an
+//! application thread taking the inline fast path for a small operation) writes frames
+//! until the session has none left for that rail or the socket is full. A full socket is
+//! picked up again by the engine on the socket's writable edge.
+
+pub(crate) mod io;
+
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use parking_lot::Mutex;
+
+use crate::cq::CompletionQueue;
+use crate::error::CompletionKind;
+use crate::proto::{Placement, RxAction, Session, Transmit};
+use crate::wire::{FrameHeader, HEADER_LEN};
+
+const WAKER: Token = Token(usize::MAX);
+/// Receive buffer for headers and small payloads; larger payloads bypass it.
+const RX_BUF: usize = 1024;
+/// After a payload at least this large, read the next header exactly, so that the bulk of
+/// the following chunk is not pulled through the small buffer (one copy, not two).
+const BULK_PAYLOAD: u32 = 16 << 10;
+
+/// One rail's socket and transmit state.
+pub(crate) struct RailIo {
+    pub(crate) stream: TcpStream,
+    tx: Mutex<TxState>,
+}
+
+#[derive(Default)]
+struct TxState {
+    cur: Option<Transmit>,
+    off: usize,
+}
+
+impl RailIo {
+    pub(crate) fn new(stream: TcpStream) -> RailIo {
+        RailIo {
+            stream,
+            tx: Mutex::new(TxState::default()),
+        }
+    }
+    fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+}
+
+/// State shared by an [`crate::Endpoint`] handle and the engine.
+pub(crate) struct EndpointShared {
+    pub(crate) id: u64,
+    pub(crate) peer: String,
+    pub(crate) session: Mutex<Session>,
+    pub(crate) rails: Vec<RailIo>,
+    pub(crate) send_cq: CompletionQueue,
+    pub(crate) recv_cq: CompletionQueue,
+    pub(crate) closed: AtomicBool,
+    pub(crate) kicker: Arc<EngineShared>,
+}
+
+/// Outcome of writing frames on one rail.
+enum Flush {
+    /// Nothing left to send.
+    Idle,
+    /// The socket is full; the writable edge will resume.
+    Blocked,
+}
+
+impl EndpointShared {
+    /// Moves the session's completions to the queues.
+    pub(crate) fn deliver(&self, s: &mut Session) {
+        while let Some(c) = s.poll_completion() {
+            match c.kind {
+                CompletionKind::Recv | CompletionKind::RecvWriteImm => self.recv_cq.push(c),
+                _ => self.send_cq.push(c),
+            }
+        }
+    }
+
+    /// Writes frames on `rail` until none is left or the socket is full.
+    fn flush_rail(&self, rail: usize) -> std::io::Result<Flush> {
+        let io = &self.rails[rail];
+        let mut tx = io.tx.lock();
+        loop {
+            if tx.cur.is_none() {
+                let mut s = self.session.lock();
+                tx.cur = s.poll_transmit(rail, Instant::now());
+                tx.off = 0;
+                if tx.cur.is_none() {
+                    return Ok(Flush::Idle);
+                }
+            }
+            let t = tx.cur.as_ref().expect("set above");
+            let len = t.len();
+            let mut pieces = Vec::with_capacity(1 + t.payload.len());
+            pieces.push((t.header.as_ptr(), HEADER_LEN));
+            pieces.extend_from_slice(&t.payload);
+            match io::send_pieces(io.fd(), &pieces, tx.off) {
+                Ok(n) => {
+                    tx.off += n;
+                    if tx.off >= len
+                        && let Some(seq) = tx.cur.take().and_then(|t| t.read_response) {
+                            let mut s = self.session.lock();
+                            s.transmitted(seq);
+                            if s.rx_retry_pending() {
+                                // A request waited for this read response; the engine resumes it.
+                                drop(s);
+                                self.kicker.kick(self.id);
+                            }
+                        }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Flush::Blocked),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Flushes every rail that has something to send. Returns false when a rail failed.
+    pub(crate) fn flush_all(&self) -> bool {
+        for rail in 0..self.rails.len() {
+            if !self.session.lock().wants_transmit(rail) {
+                continue;
+            }
+            if let Err(e) = self.flush_rail(rail) {
+                self.fail_rail(rail, &format!("send failed: {e}"));
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Fails the endpoint because `rail` broke.
+    pub(crate) fn fail_rail(&self, rail: usize, why: &str) {
+        let mut s = self.session.lock();
+        if !s.is_failed() {
+            tracing::warn!(endpoint = self.id, peer = %self.peer, rail, "rail failed: {why}");
+        }
+        s.on_rail_lost(rail);
+        self.deliver(&mut s);
+        drop(s);
+        self.shutdown();
+    }
+
+    pub(crate) fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        for r in &self.rails {
+            let _ = r.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Receive-side state of one rail, owned by the engine thread.
+struct RxRail {
+    ep: Arc<EndpointShared>,
+    rail: usize,
+    buf: Box<[u8; RX_BUF]>,
+    start: usize,
+    end: usize,
+    state: RxState,
+    bulk: bool,
+}
+
+enum RxState {
+    Header,
+    Stalled(FrameHeader),
+    Payload {
+        place: Placement,
+        len: usize,
+        done: usize,
+    },
+    Discard {
+        left: usize,
+    },
+    Dead,
+}
+
+/// Whether a rail's receive loop can go on.
+enum RxStep {
+    /// The socket has no more bytes, or the rail is stalled.
+    Wait,
+    /// The endpoint failed.
+    Dead,
+}
+
+impl RxRail {
+    fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Reads and executes frames until the socket is empty, the rail stalls, or it fails.
+    fn run(&mut self) -> RxStep {
+        let fd = self.ep.rails[self.rail].fd();
+        loop {
+            match std::mem::replace(&mut self.state, RxState::Header) {
+                RxState::Dead => {
+                    self.state = RxState::Dead;
+                    return RxStep::Dead;
+                }
+                RxState::Header => {
+                    if self.buffered() < HEADER_LEN {
+                        if self.start > 0 {
+                            self.buf.copy_within(self.start..self.end, 0);
+                            self.end -= self.start;
+                            self.start = 0;
+                        }
+                        let want = if self.bulk { HEADER_LEN } else { RX_BUF };
+                        match io::recv_into(fd, &mut self.buf[self.end..want.max(self.end + 1)]) {
+                            Ok(0) => return self.die("peer closed the connection"),
+                            Ok(n) => {
+                                self.end += n;
+                                continue;
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                return RxStep::Wait;
+                            }
+                            Err(e) => return self.die(&format!("receive failed: {e}")),
+                        }
+                    }
+                    match FrameHeader::decode(&self.buf[self.start..self.end]) {
+                        Ok(h) => {
+                            if let Some(step) = self.offer(h) {
+                                return step;
+                            }
+                        }
+                        Err(e) => return self.die(&format!("malformed frame: {e}")),
+                    }
+                }
+                RxState::Stalled(h) => {
+                    if let Some(step) = self.offer(h) {
+                        return step;
+                    }
+                }
+                RxState::Payload { place, len, done } => {
+                    match io::recv_pieces(fd, &place.iov, done) {
+                        Ok(0) => return self.die("peer closed the connection"),
+                        Ok(n) if done + n >= len => self.payload_done(len),
+                        Ok(n) => {
+                            self.state = RxState::Payload {
+                                place,
+                                len,
+                                done: done + n,
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            self.state = RxState::Payload { place, len, done };
+                            return RxStep::Wait;
+                        }
+                        Err(e) => return self.die(&format!("receive failed: {e}")),
+                    }
+                }
+                RxState::Discard { left } => {
+                    let mut scratch = [0u8; 16 << 10];
+                    let n = left.min(scratch.len());
+                    match io::recv_into(fd, &mut scratch[..n]) {
+                        Ok(0) => return self.die("peer closed the connection"),
+                        Ok(n) if n >= left => self.payload_done(0),
+                        Ok(n) => self.state = RxState::Discard { left: left - n },
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            self.state = RxState::Discard { left };
+                            return RxStep::Wait;
+                        }
+                        Err(e) => return self.die(&format!("receive failed: {e}")),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Offers a header to the session; `Some` ends the receive loop.
+    fn offer(&mut self, h: FrameHeader) -> Option<RxStep> {
+        let mut s = self.ep.session.lock();
+        let action = match s.on_frame(self.rail, &h, Instant::now()) {
+            Ok(a) => a,
+            Err(e) => {
+                drop(s);
+                return Some(self.die(&format!("protocol error: {e}")));
+            }
+        };
+        self.ep.deliver(&mut s);
+        drop(s);
+        if matches!(action, RxAction::Stall) {
+            self.state = RxState::Stalled(h);
+            return Some(RxStep::Wait);
+        }
+        // The header (also a stalled one: nothing is read while stalled) starts the buffer.
+        self.start += HEADER_LEN;
+        let len = h.payload_len as usize;
+        self.bulk = h.payload_len >= BULK_PAYLOAD;
+        match action {
+            RxAction::Stall => unreachable!("handled above"),
+            RxAction::Done => {}
+            RxAction::Place(place) => {
+                // Bytes of the payload already in the small buffer go first.
+                let have = self.buffered().min(len);
+                let mut copied = 0;
+                for &(p, l) in &place.iov {
+                    if copied == have {
+                        break;
+                    }
+                    let n = l.min(have - copied);
+                    // SAFETY: p points at l writable bytes of pinned registered memory.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            self.buf[self.start + copied..].as_ptr(),
+                            p,
+                            n,
+                        )
+                    };
+                    copied += n;
+                }
+                self.start += have;
+                if have == len {
+                    self.payload_done(len);
+                } else {
+                    self.state = RxState::Payload {
+                        place,
+                        len,
+                        done: have,
+                    };
+                }
+            }
+            RxAction::Discard => {
+                let have = self.buffered().min(len);
+                self.start += have;
+                if have == len {
+                    self.payload_done(0);
+                } else {
+                    self.state = RxState::Discard { left: len - have };
+                }
+            }
+        }
+        None
+    }
+
+    fn payload_done(&mut self, _len: usize) {
+        let mut s = self.ep.session.lock();
+        s.payload_done(self.rail);
+        self.ep.deliver(&mut s);
+        self.state = RxState::Header;
+    }
+
+    fn die(&mut self, why: &str) -> RxStep {
+        self.state = RxState::Dead;
+        if !self.ep.closed.load(Ordering::Acquire) {
+            self.ep.fail_rail(self.rail, why);
+        } else {
+            let mut s = self.ep.session.lock();
+            s.on_rail_lost(self.rail);
+            self.ep.deliver(&mut s);
+        }
+        RxStep::Dead
+    }
+}
+
+/// Requests from application threads to the engine thread.
+pub(crate) enum Command {
+    /// Start servicing a new endpoint.
+    Add(Arc<EndpointShared>),
+    /// Flush the endpoint's rails and retry its stalled rails.
+    Kick(u64),
+    /// Send the endpoint's final frames, then drop it.
+    Close(u64),
+    /// Stop the thread.
+    Stop,
+}
+
+/// The way into the engine thread from other threads.
+pub(crate) struct EngineShared {
+    commands: Mutex<Vec<Command>>,
+    waker: Waker,
+}
+
+impl EngineShared {
+    pub(crate) fn send(&self, c: Command) {
+        self.commands.lock().push(c);
+        if let Err(e) = self.waker.wake() {
+            tracing::error!("cannot wake the progress engine: {e}");
+        }
+    }
+
+    pub(crate) fn kick(&self, endpoint: u64) {
+        self.send(Command::Kick(endpoint));
+    }
+}
+
+/// Handle to a context's engine thread; dropping the last one stops the thread.
+pub(crate) struct Engine {
+    shared: Arc<EngineShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    pub(crate) fn start(name: String) -> std::io::Result<Engine> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let shared = Arc::new(EngineShared {
+            commands: Mutex::new(Vec::new()),
+            waker,
+        });
+        let s2 = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || EngineLoop::new(poll, s2).run())?;
+        Ok(Engine {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    pub(crate) fn send(&self, c: Command) {
+        self.shared.send(c);
+    }
+
+    pub(crate) fn kicker(&self) -> Arc<EngineShared> {
+        self.shared.clone()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.send(Command::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct EngineLoop {
+    poll: Poll,
+    shared: Arc<EngineShared>,
+    /// Receive state per token.
+    rx: HashMap<usize, RxRail>,
+    /// Tokens of each endpoint's rails.
+    endpoints: HashMap<u64, (Arc<EndpointShared>, Vec<usize>)>,
+    next_token: usize,
+}
+
+impl EngineLoop {
+    fn new(poll: Poll, shared: Arc<EngineShared>) -> EngineLoop {
+        EngineLoop {
+            poll,
+            shared,
+            rx: HashMap::new(),
+            endpoints: HashMap::new(),
+            next_token: 0,
+        }
+    }
+
+    fn run(mut self) {
+        let mut events = Events::with_capacity(256);
+        loop {
+            if let Err(e) = self.poll.poll(&mut events, None) {
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                tracing::error!("progress engine poll failed: {e}");
+                break;
+            }
+            let mut touched: Vec<u64> = Vec::new();
+            for ev in events.iter() {
+                if ev.token() == WAKER {
+                    continue;
+                }
+                let token = ev.token().0;
+                let Some(rx) = self.rx.get_mut(&token) else {
+                    continue;
+                };
+                let ep = rx.ep.clone();
+                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    rx.run();
+                }
+                if ev.is_writable() && !ep.closed.load(Ordering::Acquire) {
+                    ep.flush_all();
+                }
+                if !touched.contains(&ep.id) {
+                    touched.push(ep.id);
+                }
+            }
+            let cmds = std::mem::take(&mut *self.shared.commands.lock());
+            for c in cmds {
+                match c {
+                    Command::Add(ep) => self.add(ep),
+                    Command::Kick(id) => touched.push(id),
+                    Command::Close(id) => self.close(id),
+                    Command::Stop => {
+                        for id in self.endpoints.keys().copied().collect::<Vec<_>>() {
+                            self.close(id);
+                        }
+                        return;
+                    }
+                }
+            }
+            touched.sort_unstable();
+            touched.dedup();
+            for id in touched {
+                self.progress(id);
+            }
+            self.reap();
+        }
+    }
+
+    fn add(&mut self, ep: Arc<EndpointShared>) {
+        let mut tokens = Vec::new();
+        for (i, r) in ep.rails.iter().enumerate() {
+            let token = self.next_token;
+            self.next_token += 1;
+            let fd = r.fd();
+            if let Err(e) = self.poll.registry().register(
+                &mut SourceFd(&fd),
+                Token(token),
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                ep.fail_rail(i, &format!("cannot register with the progress engine: {e}"));
+            }
+            self.rx.insert(
+                token,
+                RxRail {
+                    ep: ep.clone(),
+                    rail: i,
+                    buf: Box::new([0u8; RX_BUF]),
+                    start: 0,
+                    end: 0,
+                    state: RxState::Header,
+                    bulk: false,
+                },
+            );
+            tokens.push(token);
+        }
+        let id = ep.id;
+        self.endpoints.insert(id, (ep, tokens));
+        // Data may have arrived before registration: edge-triggered polling would not report it.
+        self.progress_rx_all(id);
+        self.progress(id);
+    }
+
+    fn progress_rx_all(&mut self, id: u64) {
+        let Some((_, tokens)) = self.endpoints.get(&id) else {
+            return;
+        };
+        for t in tokens.clone() {
+            if let Some(rx) = self.rx.get_mut(&t) {
+                rx.run();
+            }
+        }
+    }
+
+    /// Retries stalled rails and flushes transmit work of one endpoint until it settles.
+    fn progress(&mut self, id: u64) {
+        let Some((ep, tokens)) = self.endpoints.get(&id) else {
+            return;
+        };
+        let (ep, tokens) = (ep.clone(), tokens.clone());
+        for _ in 0..64 {
+            let retry = ep.session.lock().take_rx_retry();
+            if retry != 0 {
+                for (i, t) in tokens.iter().enumerate() {
+                    if retry & (1 << i) != 0
+                        && let Some(rx) = self.rx.get_mut(t)
+                    {
+                        rx.run();
+                    }
+                }
+            }
+            if ep.closed.load(Ordering::Acquire) || !ep.flush_all() {
+                break;
+            }
+            if retry == 0 {
+                break;
+            }
+        }
+    }
+
+    fn close(&mut self, id: u64) {
+        if let Some((ep, _)) = self.endpoints.get(&id) {
+            // Best effort: the Close frames go out if the sockets take them now.
+            for rail in 0..ep.rails.len() {
+                let _ = ep.flush_rail(rail);
+            }
+            ep.shutdown();
+        }
+        self.remove(id);
+    }
+
+    fn remove(&mut self, id: u64) {
+        if let Some((ep, tokens)) = self.endpoints.remove(&id) {
+            for (i, t) in tokens.into_iter().enumerate() {
+                self.rx.remove(&t);
+                let fd = ep.rails[i].fd();
+                let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+            }
+        }
+    }
+
+    /// Drops endpoints that failed.
+    fn reap(&mut self) {
+        let dead: Vec<u64> = self
+            .endpoints
+            .iter()
+            .filter(|(_, (ep, _))| ep.closed.load(Ordering::Acquire))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in dead {
+            self.remove(id);
+        }
+    }
+}

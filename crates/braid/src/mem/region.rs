@@ -1,0 +1,594 @@
+//! Registered memory: [`Region`], its access rights, remote keys and scatter/gather entries.
+//!
+//! A region's bytes may be changed by a peer at any moment while remote access is enabled,
+//! so safe code never gets a plain `&[u8]` to them: it copies in and out, or uses the
+//! atomic view of an aligned word. Raw access is `unsafe` and documented as such.
+
+use std::fmt;
+use std::ops::{BitOr, BitOrAssign};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::Error;
+use crate::mem::registry::Registry;
+
+/// Access rights of a region, combined with `|`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// No rights beyond being a local source of writes and sends.
+    pub const NONE: Access = Access(0);
+    /// braid may write into the region locally: needed as the destination of a read or a receive.
+    pub const LOCAL_WRITE: Access = Access(1 << 0);
+    /// Peers may read the region.
+    pub const REMOTE_READ: Access = Access(1 << 1);
+    /// Peers may write the region.
+    pub const REMOTE_WRITE: Access = Access(1 << 2);
+    /// Peers may run atomics on the region's aligned 8-byte words.
+    pub const REMOTE_ATOMIC: Access = Access(1 << 3);
+
+    /// Every right.
+    pub const fn all() -> Access {
+        Access(0b1111)
+    }
+
+    /// True when every right in `other` is present in `self`.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// True when any remote right is present.
+    pub const fn is_remote(self) -> bool {
+        self.0 & (Self::REMOTE_READ.0 | Self::REMOTE_WRITE.0 | Self::REMOTE_ATOMIC.0) != 0
+    }
+}
+
+impl BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl BitOrAssign for Access {
+    fn bitor_assign(&mut self, rhs: Access) {
+        self.0 |= rhs.0;
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (Access::LOCAL_WRITE, "LOCAL_WRITE"),
+            (Access::REMOTE_READ, "REMOTE_READ"),
+            (Access::REMOTE_WRITE, "REMOTE_WRITE"),
+            (Access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
+        ];
+        let set: Vec<&str> = names
+            .iter()
+            .filter(|(a, _)| self.contains(*a))
+            .map(|(_, n)| *n)
+            .collect();
+        if set.is_empty() {
+            write!(f, "NONE")
+        } else {
+            write!(f, "{}", set.join("|"))
+        }
+    }
+}
+
+/// What a peer needs to reach a region: its key and its length.
+///
+/// The key is 48 random bits from the operating system's generator followed by a 16-bit
+/// registration generation, so it cannot be guessed and a key never names memory
+/// registered after it was revoked. Send it to the peer out of band (for example in a
+/// `send`), as the 16 bytes of [`RemoteKey::to_bytes`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteKey {
+    /// The key as carried in frame headers.
+    pub key: u64,
+    /// The region's length in bytes.
+    pub len: u64,
+}
+
+impl RemoteKey {
+    /// Serialised size.
+    pub const BYTES: usize = 16;
+
+    /// Little-endian key then length.
+    pub fn to_bytes(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.key.to_le_bytes());
+        b[8..].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Parses [`RemoteKey::to_bytes`]; `None` when fewer than 16 bytes are given.
+    pub fn from_bytes(b: &[u8]) -> Option<RemoteKey> {
+        if b.len() < 16 {
+            return None;
+        }
+        Some(RemoteKey {
+            key: u64::from_le_bytes(b[..8].try_into().ok()?),
+            len: u64::from_le_bytes(b[8..16].try_into().ok()?),
+        })
+    }
+
+    /// The registration generation encoded in the key.
+    pub fn generation(&self) -> u16 {
+        self.key as u16
+    }
+}
+
+impl fmt::Debug for RemoteKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RemoteKey({:#018x}, len {})", self.key, self.len)
+    }
+}
+
+/// How a region's memory was obtained.
+enum Backing {
+    /// braid mapped it and unmaps it when the last reference goes.
+    Mapped { map_len: usize },
+    /// The caller owns it (see [`crate::Context::register`]).
+    Borrowed,
+}
+
+/// The memory and bookkeeping behind a region, shared by every handle and in-flight operation.
+pub(crate) struct RegionInner {
+    ptr: *mut u8,
+    len: usize,
+    access: Access,
+    key: u64,
+    backing: Backing,
+    /// Remote operations currently using the region at this side.
+    pins: Mutex<usize>,
+    unpinned: Condvar,
+}
+
+// SAFETY: the pointer is only dereferenced through methods that document their
+// concurrency contract; the memory is not tied to any thread.
+unsafe impl Send for RegionInner {}
+// SAFETY: as above; all bookkeeping is behind a mutex.
+unsafe impl Sync for RegionInner {}
+
+impl Drop for RegionInner {
+    fn drop(&mut self) {
+        if let Backing::Mapped { map_len } = self.backing {
+            // SAFETY: ptr/map_len came from a successful mmap; no reference outlives `self`.
+            unsafe { libc::munmap(self.ptr.cast(), map_len) };
+        }
+    }
+}
+
+impl RegionInner {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+    pub(crate) fn access(&self) -> Access {
+        self.access
+    }
+    /// Pointer to byte `offset`. The caller has checked `offset <= len`.
+    pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
+        debug_assert!(offset <= self.len);
+        // SAFETY: offset is within the mapping (or one past its end).
+        unsafe { self.ptr.add(offset) }
+    }
+}
+
+/// A remote operation's hold on a region: memory stays mapped, and deregistration of
+/// caller-owned memory waits, until every pin is dropped.
+pub(crate) struct RegionPin(Arc<RegionInner>);
+
+impl RegionPin {
+    pub(crate) fn new(inner: Arc<RegionInner>) -> RegionPin {
+        *inner.pins.lock() += 1;
+        RegionPin(inner)
+    }
+}
+
+impl Clone for RegionPin {
+    fn clone(&self) -> RegionPin {
+        RegionPin::new(self.0.clone())
+    }
+}
+
+impl std::ops::Deref for RegionPin {
+    type Target = RegionInner;
+    fn deref(&self) -> &RegionInner {
+        &self.0
+    }
+}
+
+impl Drop for RegionPin {
+    fn drop(&mut self) {
+        let mut pins = self.0.pins.lock();
+        *pins -= 1;
+        if *pins == 0 {
+            self.0.unpinned.notify_all();
+        }
+    }
+}
+
+/// The registration: removes the key when the last [`Region`] handle goes.
+struct Registration {
+    inner: Arc<RegionInner>,
+    registry: Arc<Registry>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.remove(self.inner.key);
+        if matches!(self.inner.backing, Backing::Borrowed) {
+            // The caller may free the memory as soon as we return: wait for remote operations
+            // still placing data. They end when their transfer ends or their endpoint fails.
+            let mut pins = self.inner.pins.lock();
+            while *pins > 0 {
+                self.inner.unpinned.wait(&mut pins);
+            }
+        }
+    }
+}
+
+/// Registered memory that local operations use and peers may reach through its
+/// [`RemoteKey`]. Cloning is cheap and shares the registration; the registration ends when
+/// the last clone (including those held by in-flight operations) is dropped, or at
+/// [`Region::deregister`].
+#[derive(Clone)]
+pub struct Region {
+    reg: Arc<Registration>,
+}
+
+impl fmt::Debug for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Region")
+            .field("len", &self.len())
+            .field("access", &self.access())
+            .field("key", &self.remote_key())
+            .finish()
+    }
+}
+
+/// Options for [`crate::Context::alloc_region_with`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RegionOptions {
+    /// Back the region with huge pages (`MAP_HUGETLB`); allocation fails if none are free.
+    pub huge_pages: bool,
+}
+
+impl Region {
+    /// Allocates a region registered in `registry` directly, without a [`crate::Context`]:
+    /// for drivers of a bare [`crate::proto::Session`] such as simulations.
+    pub fn allocate_in(
+        registry: &Arc<Registry>,
+        len: usize,
+        access: Access,
+    ) -> Result<Region, Error> {
+        Self::allocate(registry, len, access, RegionOptions::default())
+    }
+
+    pub(crate) fn allocate(
+        registry: &Arc<Registry>,
+        len: usize,
+        access: Access,
+        opts: RegionOptions,
+    ) -> Result<Region, Error> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "region length must be at least 1 byte".into(),
+            ));
+        }
+        let page = if opts.huge_pages {
+            2 << 20
+        } else {
+            page_size()
+        };
+        let map_len = len
+            .checked_next_multiple_of(page)
+            .ok_or_else(|| Error::InvalidArgument(format!("region length {len} too large")))?;
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        if opts.huge_pages {
+            flags |= libc::MAP_HUGETLB;
+        }
+        // SAFETY: anonymous mapping with no address hint; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::Io(std::io::Error::last_os_error()));
+        }
+        Ok(Self::install(
+            registry,
+            ptr.cast(),
+            len,
+            access,
+            Backing::Mapped { map_len },
+        ))
+    }
+
+    /// # Safety
+    /// See [`crate::Context::register`].
+    pub(crate) unsafe fn borrow(
+        registry: &Arc<Registry>,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Region, Error> {
+        if ptr.is_null() || len == 0 {
+            return Err(Error::InvalidArgument(
+                "null or empty memory cannot be registered".into(),
+            ));
+        }
+        Ok(Self::install(registry, ptr, len, access, Backing::Borrowed))
+    }
+
+    fn install(
+        registry: &Arc<Registry>,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        backing: Backing,
+    ) -> Region {
+        let inner = registry.insert_with(|key| {
+            Arc::new(RegionInner {
+                ptr,
+                len,
+                access,
+                key,
+                backing,
+                pins: Mutex::new(0),
+                unpinned: Condvar::new(),
+            })
+        });
+        Region {
+            reg: Arc::new(Registration {
+                inner,
+                registry: registry.clone(),
+            }),
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.reg.inner.len
+    }
+
+    /// Always false: regions have at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The rights granted at registration.
+    pub fn access(&self) -> Access {
+        self.reg.inner.access
+    }
+
+    /// The key and length a peer needs to reach this region.
+    pub fn remote_key(&self) -> RemoteKey {
+        RemoteKey {
+            key: self.reg.inner.key,
+            len: self.reg.inner.len as u64,
+        }
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), Error> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(Error::OutOfRange {
+                offset: offset as u64,
+                len: len as u64,
+                region_len: self.len() as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// A scatter/gather entry naming `len` bytes at `offset`.
+    pub fn slice(&self, offset: usize, len: usize) -> Result<Sge, Error> {
+        self.check(offset, len)?;
+        Ok(Sge {
+            region: self.clone(),
+            offset,
+            len,
+        })
+    }
+
+    /// The whole region as one scatter/gather entry.
+    pub fn as_sge(&self) -> Sge {
+        Sge {
+            region: self.clone(),
+            offset: 0,
+            len: self.len(),
+        }
+    }
+
+    /// Copies `src` into the region at `offset`. If a peer writes the same bytes at the same
+    /// time, the result is some mix of both (as with RDMA hardware).
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), Error> {
+        self.check(offset, src.len())?;
+        // SAFETY: range checked; the region memory is never handed out as a Rust reference.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.reg.inner.ptr_at(offset), src.len())
+        };
+        Ok(())
+    }
+
+    /// Copies bytes at `offset` out into `dst` (see [`Region::write_at`] on concurrency).
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), Error> {
+        self.check(offset, dst.len())?;
+        // SAFETY: as in write_at.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.reg.inner.ptr_at(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Copies `len` bytes at `offset` into a new vector.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>, Error> {
+        let mut v = vec![0u8; len];
+        self.read_at(offset, &mut v)?;
+        Ok(v)
+    }
+
+    /// Sets `len` bytes at `offset` to `byte`.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), Error> {
+        self.check(offset, len)?;
+        // SAFETY: as in write_at.
+        unsafe { std::ptr::write_bytes(self.reg.inner.ptr_at(offset), byte, len) };
+        Ok(())
+    }
+
+    /// The aligned 8-byte word at `offset`, as the atomic that remote atomics also operate on.
+    pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64, Error> {
+        self.check(offset, 8)?;
+        let p = self.reg.inner.ptr_at(offset);
+        if !(p as usize).is_multiple_of(8) {
+            return Err(Error::InvalidArgument(format!(
+                "offset {offset} is not 8-byte aligned"
+            )));
+        }
+        // SAFETY: aligned, in range, and lives as long as &self (the registration holds the memory).
+        Ok(unsafe { AtomicU64::from_ptr(p.cast()) })
+    }
+
+    /// Pointer to the first byte.
+    ///
+    /// # Safety
+    /// The memory may be written by peers at any time (if the region grants remote rights)
+    /// and by braid while local operations are in flight. The caller must not create
+    /// references that assume exclusive or unchanging contents, and must not use the
+    /// pointer after the last handle is dropped.
+    pub unsafe fn as_mut_ptr(&self) -> *mut u8 {
+        self.reg.inner.ptr
+    }
+
+    /// Ends the registration now: peers lose access at once, then this call waits up to
+    /// `timeout` for remote operations still using the region. On timeout the region is
+    /// returned with [`Error::RegionBusy`]: it is no longer reachable by peers, but memory
+    /// stays valid until the in-flight operations finish.
+    pub fn deregister(self, timeout: Duration) -> Result<(), (Region, Error)> {
+        self.reg.registry.remove(self.reg.inner.key);
+        let deadline = Instant::now() + timeout;
+        let mut pins = self.reg.inner.pins.lock();
+        while *pins > 0 {
+            if self
+                .reg
+                .inner
+                .unpinned
+                .wait_until(&mut pins, deadline)
+                .timed_out()
+                && *pins > 0
+            {
+                let n = *pins;
+                drop(pins);
+                return Err((self, Error::RegionBusy { in_flight: n }));
+            }
+        }
+        Ok(())
+    }
+
+    /// True while peers can reach the region.
+    pub fn is_registered(&self) -> bool {
+        self.reg.registry.contains(self.reg.inner.key)
+    }
+}
+
+/// A scatter/gather entry: `len` bytes at `offset` of a registered region.
+#[derive(Clone, Debug)]
+pub struct Sge {
+    /// The region.
+    pub region: Region,
+    /// First byte within the region.
+    pub offset: usize,
+    /// Number of bytes.
+    pub len: usize,
+}
+
+impl Sge {
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.region.reg.inner.ptr_at(self.offset)
+    }
+}
+
+impl From<&Region> for Sge {
+    fn from(r: &Region) -> Sge {
+        r.as_sge()
+    }
+}
+
+/// Total bytes named by a list of entries.
+pub(crate) fn sgl_len(sgl: &[Sge]) -> u64 {
+    sgl.iter().map(|s| s.len as u64).sum()
+}
+
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { 4096 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_in_out_and_bounds() {
+        let reg = Arc::new(Registry::default());
+        let r = Region::allocate(&reg, 10_000, Access::all(), RegionOptions::default()).unwrap();
+        r.write_at(9_996, b"abcd").unwrap();
+        assert_eq!(r.to_vec(9_996, 4).unwrap(), b"abcd");
+        assert!(matches!(
+            r.write_at(9_997, b"abcd"),
+            Err(Error::OutOfRange { .. })
+        ));
+        assert!(r.slice(usize::MAX, 2).is_err());
+        assert!(r.atomic_u64(3).is_err());
+        r.atomic_u64(8)
+            .unwrap()
+            .fetch_add(5, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(r.to_vec(8, 8).unwrap(), 5u64.to_le_bytes());
+    }
+
+    #[test]
+    fn keys_are_distinct_and_revoked() {
+        let reg = Arc::new(Registry::default());
+        let a = Region::allocate(&reg, 4096, Access::all(), RegionOptions::default()).unwrap();
+        let b = Region::allocate(&reg, 4096, Access::all(), RegionOptions::default()).unwrap();
+        assert_ne!(a.remote_key().key, b.remote_key().key);
+        assert_ne!(a.remote_key().generation(), b.remote_key().generation());
+        let k = a.remote_key();
+        assert!(reg.lookup(k.key).is_some());
+        a.deregister(Duration::from_secs(1)).unwrap();
+        assert!(reg.lookup(k.key).is_none());
+        let kb = b.remote_key();
+        drop(b);
+        assert!(reg.lookup(kb.key).is_none());
+        assert_eq!(RemoteKey::from_bytes(&k.to_bytes()), Some(k));
+    }
+
+    #[test]
+    fn deregister_waits_for_pins() {
+        let reg = Arc::new(Registry::default());
+        let a = Region::allocate(&reg, 4096, Access::all(), RegionOptions::default()).unwrap();
+        let pin = reg.lookup(a.remote_key().key).unwrap();
+        let (a, err) = a.deregister(Duration::from_millis(20)).unwrap_err();
+        assert!(matches!(err, Error::RegionBusy { in_flight: 1 }));
+        assert!(!a.is_registered());
+        drop(pin);
+        a.deregister(Duration::from_secs(1)).unwrap();
+    }
+}

@@ -1,0 +1,88 @@
+//! The table of a context's registered regions, keyed by remote key.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use parking_lot::RwLock;
+
+use crate::mem::region::{Access, RegionInner, RegionPin};
+use crate::wire::WireStatus;
+
+/// Maps remote keys to regions; the target side of every remote access looks here.
+#[derive(Default)]
+pub struct Registry {
+    map: RwLock<HashMap<u64, Arc<RegionInner>>>,
+    generation: AtomicU16,
+}
+
+impl Registry {
+    /// Creates the region with a fresh unguessable key and inserts it.
+    pub(crate) fn insert_with(
+        &self,
+        make: impl FnOnce(u64) -> Arc<RegionInner>,
+    ) -> Arc<RegionInner> {
+        let mut map = self.map.write();
+        let key = loop {
+            let gen_ = self
+                .generation
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1);
+            let key = (random_u64() << 16) | gen_ as u64;
+            if !map.contains_key(&key) {
+                break key;
+            }
+        };
+        let inner = make(key);
+        map.insert(key, inner.clone());
+        inner
+    }
+
+    pub(crate) fn remove(&self, key: u64) {
+        self.map.write().remove(&key);
+    }
+
+    pub(crate) fn contains(&self, key: u64) -> bool {
+        self.map.read().contains_key(&key)
+    }
+
+    pub(crate) fn lookup(&self, key: u64) -> Option<RegionPin> {
+        self.map.read().get(&key).map(|r| RegionPin::new(r.clone()))
+    }
+
+    /// The target-side protection check: key known, rights granted, `[addr, addr+len)`
+    /// inside the region. Returns a pin that keeps the memory in place for the operation.
+    pub(crate) fn check(
+        &self,
+        key: u64,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<RegionPin, WireStatus> {
+        let pin = self.lookup(key).ok_or(WireStatus::RemoteAccess)?;
+        if !pin.access().contains(need) {
+            return Err(WireStatus::RemoteAccess);
+        }
+        match addr.checked_add(len) {
+            Some(end) if end <= pin.len() as u64 => Ok(pin),
+            _ => Err(WireStatus::RemoteAccess),
+        }
+    }
+
+    /// Number of registered regions.
+    pub fn len(&self) -> usize {
+        self.map.read().len()
+    }
+
+    /// True when nothing is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+pub(crate) fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // The OS generator only fails on broken systems; keys must never be predictable.
+    getrandom::fill(&mut b).expect("the operating system's random generator failed");
+    u64::from_le_bytes(b)
+}

@@ -1,0 +1,1199 @@
+//! The protocol state machine of one endpoint: both its initiator side (operations posted
+//! here) and its target side (the peer's operations executed here).
+//!
+//! Sans-IO: the driver feeds it decoded frame headers and payload-placement results, and
+//! drains frames to transmit per rail and completions. It never touches a socket, a thread
+//! or a clock (time is passed in as `now`).
+//!
+//! Ordering. Requests carry a sequence number in their initiator's space. The target
+//! executes requests strictly in that order: a chunk of request `k` is placed only after
+//! every request before `k` has completed; a rail whose next frame belongs to a later
+//! request is *stalled* (the driver stops reading it and the bytes wait in the kernel's
+//! socket buffer, not in a staging buffer). Each rail carries its requests in sequence
+//! order, so the chunk the target waits for is always reachable: no deadlock. This gives
+//! the ordering of a reliable-connected queue pair: a read after a write sees it, a flag
+//! written after data is seen after the data, sends match receives in order.
+//!
+//! Striping. Chunks are not assigned to rails up front: a rail pulls the next chunk when
+//! its window of unacknowledged bytes has room. The window of each rail follows its observed
+//! delivery rate (bytes acknowledged per unit of time) times a target queueing delay, so
+//! every rail holds about the same *time* worth of data and the rails of one operation
+//! finish together even when their speeds differ.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::error::{Completion, CompletionKind, Status};
+use crate::mem::region::{Access, RegionPin, Sge, sgl_len};
+use crate::mem::registry::Registry;
+use crate::proto::rate::RateEstimator;
+use crate::wire::frame::{FLAG_IMM, HEADER_LEN};
+use crate::wire::{FrameHeader, Opcode, WireStatus};
+
+/// Tunables of a session.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Largest payload of one chunk frame.
+    pub chunk_size: usize,
+    /// Most operations posted and not yet completed.
+    pub max_outstanding: usize,
+    /// Most receives posted and not yet consumed.
+    pub max_recv: usize,
+    /// Window of a rail whose rate is not known yet.
+    pub initial_window: u64,
+    /// Smallest window of a rail.
+    pub min_window: u64,
+    /// Largest window of a rail.
+    pub max_window: u64,
+    /// Queueing delay each rail's window aims at (window = rate x delay).
+    pub target_delay: Duration,
+    /// Unacknowledged received bytes on a rail after which an explicit acknowledgement
+    /// is sent (otherwise acknowledgements ride on other frames).
+    pub ack_threshold: u64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> SessionConfig {
+        SessionConfig {
+            chunk_size: 128 << 10,
+            max_outstanding: 1024,
+            max_recv: 1024,
+            initial_window: 2 << 20,
+            min_window: 512 << 10,
+            max_window: 32 << 20,
+            target_delay: Duration::from_millis(4),
+            ack_threshold: 128 << 10,
+        }
+    }
+}
+
+/// A protocol violation by the peer. The driver closes the rail (and, in this version,
+/// fails the endpoint) with this error logged.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ProtocolError {
+    /// A request for an operation that has already been executed.
+    #[error("duplicate request {seq} (next expected {frontier})")]
+    DuplicateRequest {
+        /// Its sequence number.
+        seq: u64,
+        /// The next sequence number the target expects.
+        frontier: u64,
+    },
+    /// A chunk that disagrees with earlier chunks of the same operation.
+    #[error("chunk of request {seq} disagrees with its operation's first chunk")]
+    InconsistentChunk {
+        /// Its sequence number.
+        seq: u64,
+    },
+    /// More bytes arrived for an operation than it has.
+    #[error("operation {seq} received more than its {total} bytes")]
+    Overrun {
+        /// Its sequence number.
+        seq: u64,
+        /// Its length.
+        total: u64,
+    },
+    /// A response for no outstanding operation, or for one of another kind.
+    #[error("{opcode:?} response for unknown or mismatched operation {seq}")]
+    UnknownOperation {
+        /// Response kind.
+        opcode: Opcode,
+        /// The sequence number it names.
+        seq: u64,
+    },
+    /// An unknown status code.
+    #[error("unknown status code {0}")]
+    BadStatus(u32),
+    /// The peer acknowledged bytes never sent on the rail.
+    #[error("rail acknowledgement {ack} beyond the {sent} bytes sent")]
+    BadAck {
+        /// What it acknowledged.
+        ack: u64,
+        /// What was sent.
+        sent: u64,
+    },
+    /// The peer closed the endpoint.
+    #[error("the peer closed the endpoint")]
+    PeerClosed,
+}
+
+/// Why a post was refused; nothing was queued and no completion will come.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PostError {
+    /// The outstanding-operation or receive limit is reached.
+    #[error("{what} full (limit {limit})")]
+    QueueFull {
+        /// Which queue.
+        what: &'static str,
+        /// The limit.
+        limit: usize,
+    },
+    /// The session has failed or been closed.
+    #[error("endpoint closed")]
+    Closed,
+    /// A local buffer lacks a right.
+    #[error("local region lacks the {0} right")]
+    MissingRight(&'static str),
+    /// Bad arguments.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// What a posted operation asks for.
+#[derive(Debug, Clone)]
+pub enum Request {
+    /// Write the local list to `rkey` at `addr`; with `imm`, also consume a receive at the target.
+    Write {
+        /// Local source.
+        local: Vec<Sge>,
+        /// Target region key.
+        rkey: u64,
+        /// Target offset.
+        addr: u64,
+        /// Immediate data.
+        imm: Option<u32>,
+    },
+    /// Read `rkey` at `addr` into the local list (its total length is the read's length).
+    Read {
+        /// Local destination.
+        local: Vec<Sge>,
+        /// Target region key.
+        rkey: u64,
+        /// Target offset.
+        addr: u64,
+    },
+    /// Fetch-and-add on the word at `rkey`/`addr`.
+    FetchAdd {
+        /// Target region key.
+        rkey: u64,
+        /// Target offset (8-byte aligned).
+        addr: u64,
+        /// Value added.
+        add: u64,
+    },
+    /// Compare-and-swap on the word at `rkey`/`addr`.
+    CompareSwap {
+        /// Target region key.
+        rkey: u64,
+        /// Target offset (8-byte aligned).
+        addr: u64,
+        /// Expected value.
+        compare: u64,
+        /// New value if the word equals `compare`.
+        swap: u64,
+    },
+    /// Send the local list into the peer's next posted receive.
+    Send {
+        /// Local source.
+        local: Vec<Sge>,
+        /// Immediate data.
+        imm: Option<u32>,
+    },
+}
+
+/// An operation posted here and not yet completed.
+struct OutOp {
+    seq: u64,
+    wr_id: u64,
+    kind: CompletionKind,
+    opcode: Opcode,
+    local: Vec<Sge>,
+    rkey: u64,
+    addr: u64,
+    arg0: u64,
+    arg1: u64,
+    imm: Option<u32>,
+    total: u64,
+    /// Read: response bytes placed so far.
+    received: u64,
+    done: Option<(Status, Option<u64>)>,
+}
+
+/// Transmit cursor over the requests whose frames are not all handed to rails yet.
+struct ReqCursor {
+    seq: u64,
+    next_off: u64,
+}
+
+/// Transmit cursor over a read response being sent from a pinned region.
+struct RespCursor {
+    seq: u64,
+    pin: RegionPin,
+    addr: u64,
+    total: u64,
+    next_off: u64,
+}
+
+/// A read response not yet fully written to the rails: its bytes are read from the region
+/// at transmission time, so requests that modify them must wait (the read must return the
+/// memory as it was when the read executed, not as a later request left it).
+struct ReadGuard {
+    seq: u64,
+    start: usize,
+    end: usize,
+    /// Frames handed out and not yet reported written.
+    frames: u32,
+    /// Every chunk has been handed out.
+    assigned: bool,
+}
+
+struct PostedRecv {
+    wr_id: u64,
+    local: Vec<Sge>,
+    capacity: u64,
+}
+
+/// The peer's request currently being executed here (always request number `frontier`).
+struct TargetOp {
+    seq: u64,
+    opcode: Opcode,
+    rkey: u64,
+    addr: u64,
+    total: u64,
+    imm: Option<u32>,
+    received: u64,
+    status: WireStatus,
+    /// Where the payload goes; `None` when the op failed its checks and payload is discarded.
+    dest: Option<Dest>,
+    /// A receive consumed by a send or write-with-immediate.
+    recv: Option<PostedRecv>,
+}
+
+enum Dest {
+    Region(RegionPin),
+    Recv,
+}
+
+/// What the payload being read on a rail belongs to.
+enum RxPending {
+    Request { len: u32 },
+    ReadResponse { seq: u64, len: u32 },
+}
+
+/// Per-rail state.
+struct RailState {
+    alive: bool,
+    /// Control frames queued on this rail; they go before data.
+    ctrl: VecDeque<FrameHeader>,
+    /// Bytes handed to the driver for this rail.
+    tx_bytes: u64,
+    /// Bytes of this rail the peer has consumed.
+    acked: u64,
+    /// Bytes consumed from this rail.
+    rx_bytes: u64,
+    /// Last `rx_bytes` told to the peer.
+    rx_advertised: u64,
+    /// Payload bytes of data frames sent on this rail (statistics).
+    data_sent: u64,
+    rate: RateEstimator,
+    stalled: bool,
+    rx_pending: Option<RxPending>,
+}
+
+impl RailState {
+    fn new() -> RailState {
+        RailState {
+            alive: true,
+            ctrl: VecDeque::new(),
+            tx_bytes: 0,
+            acked: 0,
+            rx_bytes: 0,
+            rx_advertised: 0,
+            data_sent: 0,
+            rate: RateEstimator::default(),
+            stalled: false,
+            rx_pending: None,
+        }
+    }
+
+    fn inflight(&self) -> u64 {
+        self.tx_bytes - self.acked
+    }
+}
+
+/// Memory the driver must keep alive while it writes a frame's payload.
+#[derive(Clone)]
+#[allow(dead_code)] // held only for its Drop
+enum Keep {
+    Regions(Vec<Sge>),
+    Pin(RegionPin),
+}
+
+/// A frame ready for one rail: header bytes then payload read straight from registered memory.
+pub struct Transmit {
+    /// The encoded header.
+    pub header: [u8; HEADER_LEN],
+    /// Payload pieces, in order, as (pointer, length).
+    pub payload: Vec<(*const u8, usize)>,
+    /// For a read-response chunk: the read it belongs to. The driver reports the frame with
+    /// [`Session::transmitted`] once it is completely written.
+    pub read_response: Option<u64>,
+    _keep: Option<Keep>,
+}
+
+// SAFETY: the pointers refer to registered memory kept alive by `_keep`.
+unsafe impl Send for Transmit {}
+
+impl Transmit {
+    /// Total bytes of the frame.
+    pub fn len(&self) -> usize {
+        HEADER_LEN + self.payload.iter().map(|p| p.1).sum::<usize>()
+    }
+
+    /// Never true: a frame has at least its header.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// Where an incoming payload goes: memory pieces in order, kept alive by the session
+/// until [`Session::payload_done`].
+pub struct Placement {
+    /// Destination pieces, as (pointer, length).
+    pub iov: Vec<(*mut u8, usize)>,
+}
+
+// SAFETY: the pointers refer to registered memory pinned by the session.
+unsafe impl Send for Placement {}
+
+/// What the driver must do with the frame it just offered.
+pub enum RxAction {
+    /// Handled; no payload follows.
+    Done,
+    /// Read the payload into these places, then call [`Session::payload_done`].
+    Place(Placement),
+    /// Read the payload and drop it, then call [`Session::payload_done`].
+    Discard,
+    /// Not executable yet: keep the header, stop reading this rail, and offer the same
+    /// header again when [`Session::take_rx_retry`] names the rail.
+    Stall,
+}
+
+/// The per-endpoint protocol state machine (see the module documentation).
+pub struct Session {
+    cfg: SessionConfig,
+    registry: Arc<Registry>,
+    endpoint_id: u64,
+    rails: Vec<RailState>,
+    next_seq: u64,
+    ops: VecDeque<OutOp>,
+    tx_req: VecDeque<ReqCursor>,
+    tx_resp: VecDeque<RespCursor>,
+    /// Alternates data frames between requests and responses.
+    prefer_resp: bool,
+    frontier: u64,
+    cur: Option<TargetOp>,
+    recvs: VecDeque<PostedRecv>,
+    completions: VecDeque<Completion>,
+    rx_retry: u64,
+    failed: Option<Status>,
+    reads_active: Vec<ReadGuard>,
+}
+
+fn sgl_pieces<T>(
+    sgl: &[Sge],
+    mut off: u64,
+    mut len: u64,
+    mk: impl Fn(*mut u8, usize) -> T,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for s in sgl {
+        if len == 0 {
+            break;
+        }
+        let sl = s.len as u64;
+        if off >= sl {
+            off -= sl;
+            continue;
+        }
+        let take = (sl - off).min(len);
+        // SAFETY: within the entry, which was range-checked when it was made.
+        out.push(mk(unsafe { s.ptr().add(off as usize) }, take as usize));
+        len -= take;
+        off = 0;
+    }
+    out
+}
+
+impl Session {
+    /// A session over `rails` rails whose target side resolves keys in `registry`.
+    pub fn new(
+        cfg: SessionConfig,
+        registry: Arc<Registry>,
+        rails: usize,
+        endpoint_id: u64,
+    ) -> Session {
+        assert!((1..=64).contains(&rails), "1 to 64 rails");
+        Session {
+            cfg,
+            registry,
+            endpoint_id,
+            rails: (0..rails).map(|_| RailState::new()).collect(),
+            next_seq: 0,
+            ops: VecDeque::new(),
+            tx_req: VecDeque::new(),
+            tx_resp: VecDeque::new(),
+            prefer_resp: false,
+            frontier: 0,
+            cur: None,
+            recvs: VecDeque::new(),
+            completions: VecDeque::new(),
+            rx_retry: 0,
+            failed: None,
+            reads_active: Vec::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SessionConfig {
+        &self.cfg
+    }
+
+    /// Number of rails (alive or not).
+    pub fn rail_count(&self) -> usize {
+        self.rails.len()
+    }
+
+    /// Operations posted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// True once the session has failed or been closed.
+    pub fn is_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    /// Payload bytes of data frames sent on each rail so far.
+    pub fn rail_data_sent(&self) -> Vec<u64> {
+        self.rails.iter().map(|r| r.data_sent).collect()
+    }
+
+    /// The delivery rate observed on each rail, in bytes per second (0 when unknown).
+    pub fn rail_rates(&self) -> Vec<f64> {
+        self.rails.iter().map(|r| r.rate.rate()).collect()
+    }
+
+    // ---------------------------------------------------------------- initiator side
+
+    /// Queues an operation. On success exactly one completion for `wr_id` will follow.
+    pub fn post(&mut self, wr_id: u64, req: Request) -> Result<u64, PostError> {
+        if self.failed.is_some() {
+            return Err(PostError::Closed);
+        }
+        if self.ops.len() >= self.cfg.max_outstanding {
+            return Err(PostError::QueueFull {
+                what: "outstanding operations",
+                limit: self.cfg.max_outstanding,
+            });
+        }
+        let seq = self.next_seq;
+        let mut op = OutOp {
+            seq,
+            wr_id,
+            kind: CompletionKind::Write,
+            opcode: Opcode::Write,
+            local: Vec::new(),
+            rkey: 0,
+            addr: 0,
+            arg0: 0,
+            arg1: 0,
+            imm: None,
+            total: 0,
+            received: 0,
+            done: None,
+        };
+        match req {
+            Request::Write {
+                local,
+                rkey,
+                addr,
+                imm,
+            } => {
+                op.total = sgl_len(&local);
+                (op.local, op.rkey, op.addr, op.imm) = (local, rkey, addr, imm);
+            }
+            Request::Read { local, rkey, addr } => {
+                if local
+                    .iter()
+                    .any(|s| !s.region.access().contains(Access::LOCAL_WRITE))
+                {
+                    return Err(PostError::MissingRight("LOCAL_WRITE"));
+                }
+                op.total = sgl_len(&local);
+                op.arg0 = op.total;
+                (op.kind, op.opcode, op.local, op.rkey, op.addr) =
+                    (CompletionKind::Read, Opcode::ReadRequest, local, rkey, addr);
+            }
+            Request::FetchAdd { rkey, addr, add } => {
+                (op.kind, op.opcode, op.rkey, op.addr, op.arg0) =
+                    (CompletionKind::FetchAdd, Opcode::FetchAdd, rkey, addr, add);
+                op.total = 8;
+            }
+            Request::CompareSwap {
+                rkey,
+                addr,
+                compare,
+                swap,
+            } => {
+                (op.kind, op.opcode, op.rkey, op.addr, op.arg0, op.arg1) = (
+                    CompletionKind::CompareSwap,
+                    Opcode::CompareSwap,
+                    rkey,
+                    addr,
+                    compare,
+                    swap,
+                );
+                op.total = 8;
+            }
+            Request::Send { local, imm } => {
+                op.total = sgl_len(&local);
+                (op.kind, op.opcode, op.local, op.imm) =
+                    (CompletionKind::Send, Opcode::Send, local, imm);
+            }
+        }
+        if matches!(op.opcode, Opcode::FetchAdd | Opcode::CompareSwap) && !op.addr.is_multiple_of(8) {
+            return Err(PostError::Invalid(format!(
+                "atomic target offset {} is not 8-byte aligned",
+                op.addr
+            )));
+        }
+        if op.addr.checked_add(op.total).is_none() {
+            return Err(PostError::Invalid("remote range overflows".into()));
+        }
+        self.next_seq += 1;
+        self.ops.push_back(op);
+        self.tx_req.push_back(ReqCursor { seq, next_off: 0 });
+        Ok(seq)
+    }
+
+    /// Posts a receive buffer for the peer's next send (or write-with-immediate).
+    pub fn post_recv(&mut self, wr_id: u64, local: Vec<Sge>) -> Result<(), PostError> {
+        if self.failed.is_some() {
+            return Err(PostError::Closed);
+        }
+        if self.recvs.len() >= self.cfg.max_recv {
+            return Err(PostError::QueueFull {
+                what: "posted receives",
+                limit: self.cfg.max_recv,
+            });
+        }
+        if local
+            .iter()
+            .any(|s| !s.region.access().contains(Access::LOCAL_WRITE))
+        {
+            return Err(PostError::MissingRight("LOCAL_WRITE"));
+        }
+        let capacity = sgl_len(&local);
+        self.recvs.push_back(PostedRecv {
+            wr_id,
+            local,
+            capacity,
+        });
+        // A rail may be stalled waiting for a receive.
+        self.retry_stalled();
+        Ok(())
+    }
+
+    fn op_index(&self, seq: u64) -> Option<usize> {
+        let first = self.ops.front()?.seq;
+        let i = seq.checked_sub(first)? as usize;
+        (i < self.ops.len()).then_some(i)
+    }
+
+    fn window(&self, rail: usize) -> u64 {
+        let r = &self.rails[rail];
+        match r.rate.rate() {
+            x if x <= 0.0 => self.cfg.initial_window,
+            rate => ((rate * self.cfg.target_delay.as_secs_f64()) as u64)
+                .clamp(self.cfg.min_window, self.cfg.max_window),
+        }
+    }
+
+    fn data_allowed(&self, rail: usize) -> bool {
+        self.rails[rail].inflight() < self.window(rail)
+    }
+
+    /// True when [`Session::poll_transmit`] would return a frame for `rail`.
+    pub fn wants_transmit(&self, rail: usize) -> bool {
+        let r = &self.rails[rail];
+        r.alive
+            && (!r.ctrl.is_empty()
+                || ((!self.tx_req.is_empty() || !self.tx_resp.is_empty())
+                    && self.data_allowed(rail)))
+    }
+
+    /// The next frame to write on `rail`, if any. The driver writes it completely (in as many
+    /// partial writes as it takes) before asking for the next one on the same rail.
+    pub fn poll_transmit(&mut self, rail: usize, now: Instant) -> Option<Transmit> {
+        if !self.rails[rail].alive {
+            return None;
+        }
+        let _ = now;
+        let (mut hdr, payload, keep) = if let Some(h) = self.rails[rail].ctrl.pop_front() {
+            (h, Vec::new(), None)
+        } else if (!self.tx_req.is_empty() || !self.tx_resp.is_empty()) && self.data_allowed(rail) {
+            let resp_first = self.prefer_resp || self.tx_req.is_empty();
+            self.prefer_resp = !self.prefer_resp;
+            if resp_first && !self.tx_resp.is_empty() {
+                self.next_response_chunk()
+            } else {
+                self.next_request_frame()
+            }
+        } else {
+            return None;
+        };
+        let r = &mut self.rails[rail];
+        hdr.rail_ack = r.rx_bytes;
+        r.rx_advertised = r.rx_bytes;
+        let len = HEADER_LEN as u64 + hdr.payload_len as u64;
+        r.tx_bytes += len;
+        if hdr.opcode.is_chunk() {
+            r.data_sent += hdr.payload_len as u64;
+        }
+        let read_response = (hdr.opcode == Opcode::ReadResponse).then_some(hdr.seq);
+        Some(Transmit {
+            header: hdr.encode(),
+            payload,
+            read_response,
+            _keep: keep,
+        })
+    }
+
+    fn next_request_frame(&mut self) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>) {
+        let cur = self.tx_req.front_mut().expect("checked non-empty");
+        let i = (cur.seq - self.ops.front().expect("op of cursor").seq) as usize;
+        let op = &self.ops[i];
+        let mut h = FrameHeader::new(op.opcode);
+        h.seq = op.seq;
+        h.rkey = op.rkey;
+        h.addr = op.addr;
+        h.arg0 = op.arg0;
+        h.arg1 = op.arg1;
+        if let Some(imm) = op.imm {
+            h.flags |= FLAG_IMM;
+            h.aux = imm;
+        }
+        let (payload, keep) = if op.opcode.is_chunk() {
+            let off = cur.next_off;
+            let len = (op.total - off).min(self.cfg.chunk_size as u64);
+            h.arg0 = op.total;
+            h.arg1 = off;
+            h.payload_len = len as u32;
+            cur.next_off += len;
+            let pieces = sgl_pieces(&op.local, off, len, |p, l| (p as *const u8, l));
+            let done = cur.next_off >= op.total;
+            let keep = Some(Keep::Regions(op.local.clone()));
+            if done {
+                self.tx_req.pop_front();
+            }
+            (pieces, keep)
+        } else {
+            self.tx_req.pop_front();
+            (Vec::new(), None)
+        };
+        (h, payload, keep)
+    }
+
+    fn next_response_chunk(&mut self) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>) {
+        let cur = self.tx_resp.front_mut().expect("checked non-empty");
+        let len = (cur.total - cur.next_off).min(self.cfg.chunk_size as u64);
+        let mut h = FrameHeader::new(Opcode::ReadResponse);
+        h.seq = cur.seq;
+        h.arg0 = cur.total;
+        h.arg1 = cur.next_off;
+        h.payload_len = len as u32;
+        let ptr = cur.pin.ptr_at((cur.addr + cur.next_off) as usize) as *const u8;
+        cur.next_off += len;
+        let keep = Some(Keep::Pin(cur.pin.clone()));
+        let (seq, finished) = (cur.seq, cur.next_off >= cur.total);
+        if finished {
+            self.tx_resp.pop_front();
+        }
+        if let Some(g) = self.reads_active.iter_mut().find(|g| g.seq == seq) {
+            g.frames += 1;
+            g.assigned |= finished;
+        }
+        (h, vec![(ptr, len as usize)], keep)
+    }
+
+    /// Reports that the read-response frame of read `seq` has been completely written.
+    pub fn transmitted(&mut self, seq: u64) {
+        if let Some(i) = self.reads_active.iter().position(|g| g.seq == seq) {
+            let g = &mut self.reads_active[i];
+            g.frames = g.frames.saturating_sub(1);
+            if g.frames == 0 && g.assigned {
+                self.reads_active.swap_remove(i);
+                self.retry_stalled();
+            }
+        }
+    }
+
+    /// True when `[start, end)` overlaps memory a pending read response will still send.
+    fn blocked_by_read(&self, start: usize, end: usize) -> bool {
+        self.reads_active
+            .iter()
+            .any(|g| start < g.end && g.start < end)
+    }
+
+    fn complete_out(&mut self, i: usize, status: Status, value: Option<u64>) {
+        self.ops[i].done = Some((status, value));
+        while self.ops.front().is_some_and(|o| o.done.is_some()) {
+            let op = self.ops.pop_front().expect("front exists");
+            let (status, value) = op.done.expect("checked");
+            self.completions.push_back(Completion {
+                wr_id: op.wr_id,
+                kind: op.kind,
+                status,
+                byte_len: if status.is_ok() { op.total } else { 0 },
+                imm: op.imm,
+                value,
+                endpoint: self.endpoint_id,
+            });
+        }
+    }
+
+    // ---------------------------------------------------------------- receive side
+
+    /// Offers a decoded frame header that arrived on `rail`.
+    pub fn on_frame(
+        &mut self,
+        rail: usize,
+        h: &FrameHeader,
+        now: Instant,
+    ) -> Result<RxAction, ProtocolError> {
+        debug_assert!(
+            self.rails[rail].rx_pending.is_none(),
+            "payload of the previous frame pending"
+        );
+        {
+            let limit = self.window(rail);
+            let r = &mut self.rails[rail];
+            if h.rail_ack > r.tx_bytes {
+                return Err(ProtocolError::BadAck {
+                    ack: h.rail_ack,
+                    sent: r.tx_bytes,
+                });
+            }
+            if h.rail_ack > r.acked {
+                let busy = r.inflight() * 2 >= limit;
+                r.rate.on_ack(h.rail_ack - r.acked, now, busy);
+                r.acked = h.rail_ack;
+            }
+        }
+        if self.failed.is_some() {
+            return Ok(if h.payload_len > 0 {
+                self.rails[rail].rx_pending = Some(RxPending::Request { len: h.payload_len });
+                RxAction::Discard
+            } else {
+                RxAction::Done
+            });
+        }
+        let action = if h.opcode.is_request() {
+            self.on_request(rail, h)?
+        } else {
+            self.on_response(rail, h)?
+        };
+        if matches!(action, RxAction::Stall) {
+            self.rails[rail].stalled = true;
+        } else {
+            self.rails[rail].stalled = false;
+            self.consumed(rail, HEADER_LEN as u64);
+        }
+        Ok(action)
+    }
+
+    fn consumed(&mut self, rail: usize, n: u64) {
+        let r = &mut self.rails[rail];
+        r.rx_bytes += n;
+        if r.rx_bytes - r.rx_advertised >= self.cfg.ack_threshold && r.ctrl.is_empty() {
+            r.ctrl.push_back(FrameHeader::new(Opcode::RailAck));
+        }
+    }
+
+    fn on_request(&mut self, rail: usize, h: &FrameHeader) -> Result<RxAction, ProtocolError> {
+        if h.seq < self.frontier {
+            return Err(ProtocolError::DuplicateRequest {
+                seq: h.seq,
+                frontier: self.frontier,
+            });
+        }
+        if h.seq > self.frontier {
+            return Ok(RxAction::Stall);
+        }
+        let imm = (h.flags & FLAG_IMM != 0).then_some(h.aux);
+        match h.opcode {
+            Opcode::ReadRequest => {
+                match self
+                    .registry
+                    .check(h.rkey, h.addr, h.arg0, Access::REMOTE_READ)
+                {
+                    Ok(pin) if h.arg0 > 0 => {
+                        let start = pin.ptr_at(h.addr as usize) as usize;
+                        self.reads_active.push(ReadGuard {
+                            seq: h.seq,
+                            start,
+                            end: start + h.arg0 as usize,
+                            frames: 0,
+                            assigned: false,
+                        });
+                        self.tx_resp.push_back(RespCursor {
+                            seq: h.seq,
+                            pin,
+                            addr: h.addr,
+                            total: h.arg0,
+                            next_off: 0,
+                        })
+                    }
+                    Ok(_) => self.queue_done(rail, h.seq, WireStatus::Ok),
+                    Err(st) => self.queue_done(rail, h.seq, st),
+                }
+                self.advance_frontier();
+                return Ok(RxAction::Done);
+            }
+            Opcode::FetchAdd | Opcode::CompareSwap => {
+                let mut resp = FrameHeader::new(Opcode::AtomicResponse);
+                resp.seq = h.seq;
+                match self
+                    .registry
+                    .check(h.rkey, h.addr, 8, Access::REMOTE_ATOMIC)
+                {
+                    Ok(pin) => {
+                        let p = pin.ptr_at(h.addr as usize);
+                        if self.blocked_by_read(p as usize, p as usize + 8) {
+                            return Ok(RxAction::Stall);
+                        }
+                        if !(p as usize).is_multiple_of(8) {
+                            resp.aux = WireStatus::RemoteInvalidRequest as u32;
+                        } else {
+                            // SAFETY: aligned, inside the pinned region; all remote atomics and
+                            // Region::atomic_u64 use the same atomic view of the word.
+                            let word = unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) };
+                            use std::sync::atomic::Ordering::SeqCst;
+                            resp.arg0 = if h.opcode == Opcode::FetchAdd {
+                                word.fetch_add(h.arg0, SeqCst)
+                            } else {
+                                match word.compare_exchange(h.arg0, h.arg1, SeqCst, SeqCst) {
+                                    Ok(v) | Err(v) => v,
+                                }
+                            };
+                        }
+                    }
+                    Err(st) => resp.aux = st as u32,
+                }
+                self.rails[rail].ctrl.push_back(resp);
+                self.advance_frontier();
+                return Ok(RxAction::Done);
+            }
+            _ => {}
+        }
+        // Write or Send chunk.
+        if self.cur.is_none() {
+            let needs_recv = h.opcode == Opcode::Send || imm.is_some();
+            if needs_recv && self.recvs.is_empty() {
+                // Receiver not ready: wait for a post_recv (like verbs with infinite RNR retry).
+                return Ok(RxAction::Stall);
+            }
+            let mut op = TargetOp {
+                seq: h.seq,
+                opcode: h.opcode,
+                rkey: h.rkey,
+                addr: h.addr,
+                total: h.arg0,
+                imm,
+                received: 0,
+                status: WireStatus::Ok,
+                dest: None,
+                recv: None,
+            };
+            if h.opcode == Opcode::Write {
+                match self
+                    .registry
+                    .check(h.rkey, h.addr, h.arg0, Access::REMOTE_WRITE)
+                {
+                    Ok(pin) => {
+                        let start = pin.ptr_at(h.addr as usize) as usize;
+                        if self.blocked_by_read(start, start + h.arg0 as usize) {
+                            return Ok(RxAction::Stall);
+                        }
+                        op.dest = Some(Dest::Region(pin))
+                    }
+                    Err(st) => op.status = st,
+                }
+                if imm.is_some() {
+                    op.recv = self.recvs.pop_front();
+                }
+            } else {
+                let recv = self.recvs.pop_front().expect("checked non-empty");
+                if h.arg0 > recv.capacity {
+                    op.status = WireStatus::RemoteInvalidRequest;
+                } else {
+                    op.dest = Some(Dest::Recv);
+                }
+                op.recv = Some(recv);
+            }
+            self.cur = Some(op);
+        }
+        let op = self.cur.as_mut().expect("set above");
+        if op.seq != h.seq
+            || op.opcode != h.opcode
+            || op.rkey != h.rkey
+            || op.addr != h.addr
+            || op.total != h.arg0
+            || op.imm != imm
+        {
+            return Err(ProtocolError::InconsistentChunk { seq: h.seq });
+        }
+        if op.received + h.payload_len as u64 > op.total {
+            return Err(ProtocolError::Overrun {
+                seq: h.seq,
+                total: op.total,
+            });
+        }
+        if h.payload_len == 0 {
+            if op.received == op.total {
+                self.finish_target_op(rail);
+            }
+            return Ok(RxAction::Done);
+        }
+        self.rails[rail].rx_pending = Some(RxPending::Request { len: h.payload_len });
+        let off = h.arg1;
+        let len = h.payload_len as u64;
+        Ok(match &op.dest {
+            Some(Dest::Region(pin)) => RxAction::Place(Placement {
+                iov: vec![(pin.ptr_at((op.addr + off) as usize), len as usize)],
+            }),
+            Some(Dest::Recv) => {
+                let local = &op.recv.as_ref().expect("recv of a send").local;
+                RxAction::Place(Placement {
+                    iov: sgl_pieces(local, off, len, |p, l| (p, l)),
+                })
+            }
+            None => RxAction::Discard,
+        })
+    }
+
+    fn queue_done(&mut self, rail: usize, seq: u64, st: WireStatus) {
+        let mut d = FrameHeader::new(Opcode::Done);
+        d.seq = seq;
+        d.aux = st as u32;
+        self.rails[rail].ctrl.push_back(d);
+    }
+
+    fn advance_frontier(&mut self) {
+        self.frontier += 1;
+        self.retry_stalled();
+    }
+
+    fn retry_stalled(&mut self) {
+        for (i, r) in self.rails.iter().enumerate() {
+            if r.stalled {
+                self.rx_retry |= 1 << i;
+            }
+        }
+    }
+
+    fn finish_target_op(&mut self, rail: usize) {
+        let op = self.cur.take().expect("op in execution");
+        if let Some(recv) = op.recv {
+            let (kind, status, byte_len) = match (op.opcode, op.status) {
+                (Opcode::Write, _) => (CompletionKind::RecvWriteImm, Status::Success, op.total),
+                (_, WireStatus::Ok) => (CompletionKind::Recv, Status::Success, op.total),
+                _ => (CompletionKind::Recv, Status::LocalLengthError, 0),
+            };
+            // A write-with-immediate that failed its access check consumes no receive.
+            if op.opcode == Opcode::Write && op.status != WireStatus::Ok {
+                self.recvs.push_front(recv);
+            } else {
+                self.completions.push_back(Completion {
+                    wr_id: recv.wr_id,
+                    kind,
+                    status,
+                    byte_len,
+                    imm: op.imm,
+                    value: None,
+                    endpoint: self.endpoint_id,
+                });
+            }
+        }
+        self.queue_done(rail, op.seq, op.status);
+        self.advance_frontier();
+    }
+
+    fn on_response(&mut self, rail: usize, h: &FrameHeader) -> Result<RxAction, ProtocolError> {
+        let unknown = || ProtocolError::UnknownOperation {
+            opcode: h.opcode,
+            seq: h.seq,
+        };
+        match h.opcode {
+            Opcode::RailAck => Ok(RxAction::Done),
+            Opcode::Close => Err(ProtocolError::PeerClosed),
+            Opcode::Done | Opcode::AtomicResponse => {
+                let st = WireStatus::from_u32(h.aux).ok_or(ProtocolError::BadStatus(h.aux))?;
+                let i = self.op_index(h.seq).ok_or_else(unknown)?;
+                let op = &self.ops[i];
+                let fits = match h.opcode {
+                    Opcode::Done => matches!(
+                        op.opcode,
+                        Opcode::Write | Opcode::Send | Opcode::ReadRequest
+                    ),
+                    _ => matches!(op.opcode, Opcode::FetchAdd | Opcode::CompareSwap),
+                };
+                // A successful Done for a read is only valid for a zero-length read.
+                let read_ok =
+                    op.opcode != Opcode::ReadRequest || st != WireStatus::Ok || op.total == 0;
+                if !fits || op.done.is_some() || !read_ok || op.received > 0 {
+                    return Err(unknown());
+                }
+                let status = match st {
+                    WireStatus::Ok => Status::Success,
+                    WireStatus::RemoteAccess => Status::RemoteAccessError,
+                    WireStatus::RemoteInvalidRequest => Status::RemoteInvalidRequest,
+                };
+                let value =
+                    (h.opcode == Opcode::AtomicResponse && status.is_ok()).then_some(h.arg0);
+                self.complete_out(i, status, value);
+                Ok(RxAction::Done)
+            }
+            Opcode::ReadResponse => {
+                let i = self.op_index(h.seq).ok_or_else(unknown)?;
+                let op = &self.ops[i];
+                if op.opcode != Opcode::ReadRequest || op.done.is_some() || h.arg0 != op.total {
+                    return Err(unknown());
+                }
+                if op.received + h.payload_len as u64 > op.total {
+                    return Err(ProtocolError::Overrun {
+                        seq: h.seq,
+                        total: op.total,
+                    });
+                }
+                if h.payload_len == 0 {
+                    return Ok(RxAction::Done);
+                }
+                self.rails[rail].rx_pending = Some(RxPending::ReadResponse {
+                    seq: h.seq,
+                    len: h.payload_len,
+                });
+                Ok(RxAction::Place(Placement {
+                    iov: sgl_pieces(&op.local, h.arg1, h.payload_len as u64, |p, l| (p, l)),
+                }))
+            }
+            _ => Err(unknown()),
+        }
+    }
+
+    /// Reports that the payload of the last frame offered on `rail` has been placed (or
+    /// discarded) completely.
+    pub fn payload_done(&mut self, rail: usize) {
+        let Some(p) = self.rails[rail].rx_pending.take() else {
+            debug_assert!(false, "payload_done without a pending payload");
+            return;
+        };
+        match p {
+            RxPending::Request { len } => {
+                self.consumed(rail, len as u64);
+                if self.failed.is_some() {
+                    return;
+                }
+                let op = self.cur.as_mut().expect("op in execution");
+                op.received += len as u64;
+                if op.received == op.total {
+                    self.finish_target_op(rail);
+                }
+            }
+            RxPending::ReadResponse { seq, len } => {
+                self.consumed(rail, len as u64);
+                if self.failed.is_some() {
+                    return;
+                }
+                if let Some(i) = self.op_index(seq) {
+                    self.ops[i].received += len as u64;
+                    if self.ops[i].received == self.ops[i].total {
+                        self.complete_out(i, Status::Success, None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rails that were stalled and may now proceed (a bit per rail); clears the set.
+    pub fn take_rx_retry(&mut self) -> u64 {
+        std::mem::take(&mut self.rx_retry)
+    }
+
+    /// True when [`Session::take_rx_retry`] would name a rail.
+    pub fn rx_retry_pending(&self) -> bool {
+        self.rx_retry != 0
+    }
+
+    /// The next completion, in order.
+    pub fn poll_completion(&mut self) -> Option<Completion> {
+        self.completions.pop_front()
+    }
+
+    /// Number of completions waiting to be polled.
+    pub fn pending_completions(&self) -> usize {
+        self.completions.len()
+    }
+
+    /// A rail failed. In this version any rail loss fails the endpoint: every outstanding
+    /// operation completes with [`Status::TransportError`], every posted receive with
+    /// [`Status::Flushed`].
+    pub fn on_rail_lost(&mut self, rail: usize) {
+        self.rails[rail].alive = false;
+        self.fail(Status::TransportError);
+    }
+
+    /// Local close: queues a `Close` frame on every rail and flushes all operations with
+    /// [`Status::Flushed`].
+    pub fn close(&mut self) {
+        if self.failed.is_none() {
+            for r in self.rails.iter_mut().filter(|r| r.alive) {
+                r.ctrl.clear();
+                r.ctrl.push_back(FrameHeader::new(Opcode::Close));
+            }
+        }
+        self.fail(Status::Flushed);
+    }
+
+    /// Fails every outstanding operation and posted receive with `status`.
+    pub fn fail(&mut self, status: Status) {
+        if self.failed.is_some() {
+            return;
+        }
+        self.failed = Some(status);
+        self.tx_req.clear();
+        self.tx_resp.clear();
+        self.reads_active.clear();
+        self.cur = None;
+        for r in &mut self.rails {
+            r.ctrl.retain(|h| h.opcode == Opcode::Close);
+        }
+        for op in self.ops.drain(..) {
+            let (status, value) = op.done.unwrap_or((status, None));
+            self.completions.push_back(Completion {
+                wr_id: op.wr_id,
+                kind: op.kind,
+                status,
+                byte_len: if status.is_ok() { op.total } else { 0 },
+                imm: op.imm,
+                value,
+                endpoint: self.endpoint_id,
+            });
+        }
+        for r in self.recvs.drain(..) {
+            self.completions.push_back(Completion {
+                wr_id: r.wr_id,
+                kind: CompletionKind::Recv,
+                status: Status::Flushed,
+                byte_len: 0,
+                imm: None,
+                value: None,
+                endpoint: self.endpoint_id,
+            });
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! The frame header that starts every frame on an established rail.
+//!
+//! All integers are little-endian. The exact layout is documented in `docs/PROTOCOL.md`;
+//! [`FrameHeader::decode`] refuses every header that layout does not allow, so that the
+//! rest of braid can trust a decoded header's fields.
+
+use thiserror::Error;
+
+/// Protocol version carried in every frame header and in the rail handshake.
+pub const PROTOCOL_VERSION: u8 = 1;
+
+/// Size of the fixed frame header in bytes.
+pub const HEADER_LEN: usize = 64;
+
+/// Largest payload a single frame may carry (16 MiB): larger chunks are refused as malformed.
+pub const MAX_FRAME_PAYLOAD: u32 = 16 << 20;
+
+/// Frame kinds. Requests (`Write` .. `CompareSwap`) travel in the initiator's sequence space
+/// and are executed by the target strictly in sequence order; the rest are responses and
+/// rail-level control, which are never held back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    /// One chunk of an RDMA write (optionally with immediate data).
+    Write = 1,
+    /// One chunk of a two-sided send into a posted receive buffer.
+    Send = 2,
+    /// Request to read `arg0` bytes from `rkey`/`addr`.
+    ReadRequest = 3,
+    /// Atomic fetch-and-add of `arg0` on the aligned 8-byte word at `rkey`/`addr`.
+    FetchAdd = 4,
+    /// Atomic compare (`arg0`) and swap (`arg1`) on the aligned 8-byte word at `rkey`/`addr`.
+    CompareSwap = 5,
+    /// One chunk of the data answering a read request.
+    ReadResponse = 16,
+    /// Result of an atomic: the word's original value in `arg0`, status in `aux`.
+    AtomicResponse = 17,
+    /// Completion of a request (write, send, or a failed read): status in `aux`.
+    Done = 18,
+    /// Carries only the rail acknowledgement (`rail_ack`); also used as keepalive.
+    RailAck = 19,
+    /// The sender closes the endpoint; no more frames follow on any rail.
+    Close = 20,
+}
+
+impl Opcode {
+    /// Parses a wire opcode.
+    pub fn from_u8(v: u8) -> Option<Opcode> {
+        Some(match v {
+            1 => Opcode::Write,
+            2 => Opcode::Send,
+            3 => Opcode::ReadRequest,
+            4 => Opcode::FetchAdd,
+            5 => Opcode::CompareSwap,
+            16 => Opcode::ReadResponse,
+            17 => Opcode::AtomicResponse,
+            18 => Opcode::Done,
+            19 => Opcode::RailAck,
+            20 => Opcode::Close,
+            _ => return None,
+        })
+    }
+
+    /// True for frames that are executed in the initiator's sequence order at the target.
+    pub fn is_request(self) -> bool {
+        matches!(
+            self,
+            Opcode::Write
+                | Opcode::Send
+                | Opcode::ReadRequest
+                | Opcode::FetchAdd
+                | Opcode::CompareSwap
+        )
+    }
+
+    /// True for the chunked data-carrying kinds (the payload belongs to an operation of
+    /// `arg0` bytes and starts at offset `arg1` within it).
+    pub fn is_chunk(self) -> bool {
+        matches!(self, Opcode::Write | Opcode::Send | Opcode::ReadResponse)
+    }
+}
+
+/// Header flag: the operation carries 32-bit immediate data in `aux`.
+pub const FLAG_IMM: u16 = 1 << 0;
+/// All flags this version defines; any other bit set is malformed.
+pub const KNOWN_FLAGS: u16 = FLAG_IMM;
+
+/// A decoded, validated frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// Frame kind.
+    pub opcode: Opcode,
+    /// `FLAG_*` bits.
+    pub flags: u16,
+    /// Bytes of payload that follow the header.
+    pub payload_len: u32,
+    /// Operation sequence number, in the initiator's sequence space.
+    pub seq: u64,
+    /// Remote key naming the target region (requests only).
+    pub rkey: u64,
+    /// Offset of the operation's first byte inside the target region (requests only).
+    pub addr: u64,
+    /// Chunks: the operation's total length. Atomics: the add or compare operand.
+    /// Atomic response: the original value.
+    pub arg0: u64,
+    /// Chunks: this chunk's offset within the operation. Compare-swap: the swap value.
+    pub arg1: u64,
+    /// Immediate data (with `FLAG_IMM`) or a [`WireStatus`] code in responses.
+    pub aux: u32,
+    /// Cumulative bytes the sender of this frame has consumed from this rail.
+    pub rail_ack: u64,
+}
+
+/// Why a frame header was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FrameError {
+    /// Fewer than [`HEADER_LEN`] bytes were given.
+    #[error("truncated frame header: {0} of {HEADER_LEN} bytes")]
+    Truncated(usize),
+    /// The header's version byte is not [`PROTOCOL_VERSION`].
+    #[error("frame of protocol version {0}, expected {PROTOCOL_VERSION}")]
+    Version(u8),
+    /// Unknown opcode.
+    #[error("unknown opcode {0}")]
+    Opcode(u8),
+    /// A flag this version does not define.
+    #[error("unknown flags {0:#06x}")]
+    Flags(u16),
+    /// Reserved bytes were not zero.
+    #[error("reserved header bytes are not zero")]
+    Reserved,
+    /// Payload longer than [`MAX_FRAME_PAYLOAD`].
+    #[error("oversized payload of {0} bytes (limit {MAX_FRAME_PAYLOAD})")]
+    Oversized(u32),
+    /// A kind that carries no payload came with one.
+    #[error("{0:?} frame must not carry a payload, got {1} bytes")]
+    UnexpectedPayload(Opcode, u32),
+    /// A chunk whose offset and length do not fit inside its operation.
+    #[error("chunk at offset {off} of {len} bytes exceeds its operation of {total} bytes")]
+    ChunkOutOfRange {
+        /// Chunk offset within the operation.
+        off: u64,
+        /// Chunk length.
+        len: u32,
+        /// Operation total length.
+        total: u64,
+    },
+    /// `addr + length` overflows.
+    #[error("address range overflows")]
+    AddressOverflow,
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+}
+
+impl FrameHeader {
+    /// A header with every field zero but the opcode.
+    pub fn new(opcode: Opcode) -> FrameHeader {
+        FrameHeader {
+            opcode,
+            flags: 0,
+            payload_len: 0,
+            seq: 0,
+            rkey: 0,
+            addr: 0,
+            arg0: 0,
+            arg1: 0,
+            aux: 0,
+            rail_ack: 0,
+        }
+    }
+
+    /// Decodes and validates the first [`HEADER_LEN`] bytes of `buf`.
+    pub fn decode(buf: &[u8]) -> Result<FrameHeader, FrameError> {
+        if buf.len() < HEADER_LEN {
+            return Err(FrameError::Truncated(buf.len()));
+        }
+        let b = &buf[..HEADER_LEN];
+        if b[0] != PROTOCOL_VERSION {
+            return Err(FrameError::Version(b[0]));
+        }
+        let opcode = Opcode::from_u8(b[1]).ok_or(FrameError::Opcode(b[1]))?;
+        let flags = u16_at(b, 2);
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(FrameError::Flags(flags));
+        }
+        if u32_at(b, 52) != 0 {
+            return Err(FrameError::Reserved);
+        }
+        let h = FrameHeader {
+            opcode,
+            flags,
+            payload_len: u32_at(b, 4),
+            seq: u64_at(b, 8),
+            rkey: u64_at(b, 16),
+            addr: u64_at(b, 24),
+            arg0: u64_at(b, 32),
+            arg1: u64_at(b, 40),
+            aux: u32_at(b, 48),
+            rail_ack: u64_at(b, 56),
+        };
+        h.validate()?;
+        Ok(h)
+    }
+
+    fn validate(&self) -> Result<(), FrameError> {
+        if self.payload_len > MAX_FRAME_PAYLOAD {
+            return Err(FrameError::Oversized(self.payload_len));
+        }
+        if self.opcode.is_chunk() {
+            let end = self.arg1.checked_add(self.payload_len as u64);
+            if end.is_none_or(|e| e > self.arg0) {
+                return Err(FrameError::ChunkOutOfRange {
+                    off: self.arg1,
+                    len: self.payload_len,
+                    total: self.arg0,
+                });
+            }
+        } else if self.payload_len != 0 {
+            return Err(FrameError::UnexpectedPayload(self.opcode, self.payload_len));
+        }
+        let span = match self.opcode {
+            Opcode::Write | Opcode::Send | Opcode::ReadRequest => self.arg0,
+            Opcode::FetchAdd | Opcode::CompareSwap => 8,
+            _ => 0,
+        };
+        if self.addr.checked_add(span).is_none() {
+            return Err(FrameError::AddressOverflow);
+        }
+        Ok(())
+    }
+
+    /// Encodes the header into its fixed wire form.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0] = PROTOCOL_VERSION;
+        b[1] = self.opcode as u8;
+        b[2..4].copy_from_slice(&self.flags.to_le_bytes());
+        b[4..8].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.rkey.to_le_bytes());
+        b[24..32].copy_from_slice(&self.addr.to_le_bytes());
+        b[32..40].copy_from_slice(&self.arg0.to_le_bytes());
+        b[40..48].copy_from_slice(&self.arg1.to_le_bytes());
+        b[48..52].copy_from_slice(&self.aux.to_le_bytes());
+        b[56..64].copy_from_slice(&self.rail_ack.to_le_bytes());
+        b
+    }
+}
+
+/// Status codes carried in `aux` of `Done` and `AtomicResponse` frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum WireStatus {
+    /// The operation took effect.
+    Ok = 0,
+    /// Unknown key, missing right, or range outside the region.
+    RemoteAccess = 1,
+    /// The request cannot be carried out (misaligned atomic, send longer than the posted buffer).
+    RemoteInvalidRequest = 2,
+}
+
+impl WireStatus {
+    /// Parses a status code.
+    pub fn from_u32(v: u32) -> Option<WireStatus> {
+        Some(match v {
+            0 => WireStatus::Ok,
+            1 => WireStatus::RemoteAccess,
+            2 => WireStatus::RemoteInvalidRequest,
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> FrameHeader {
+        FrameHeader {
+            opcode: Opcode::Write,
+            flags: FLAG_IMM,
+            payload_len: 4096,
+            seq: 7,
+            rkey: 0xdead_beef_0001,
+            addr: 1 << 20,
+            arg0: 1 << 16,
+            arg1: 8192,
+            aux: 42,
+            rail_ack: 99,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let h = sample();
+        assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));
+    }
+
+    #[test]
+    fn refuses_bad_headers() {
+        let good = sample().encode();
+        assert_eq!(
+            FrameHeader::decode(&good[..10]),
+            Err(FrameError::Truncated(10))
+        );
+        let mut b = good;
+        b[0] = 2;
+        assert_eq!(FrameHeader::decode(&b), Err(FrameError::Version(2)));
+        let mut b = good;
+        b[1] = 99;
+        assert_eq!(FrameHeader::decode(&b), Err(FrameError::Opcode(99)));
+        let mut b = good;
+        b[3] = 0x80;
+        assert!(matches!(FrameHeader::decode(&b), Err(FrameError::Flags(_))));
+        let mut b = good;
+        b[53] = 1;
+        assert_eq!(FrameHeader::decode(&b), Err(FrameError::Reserved));
+        let mut h = sample();
+        h.payload_len = MAX_FRAME_PAYLOAD + 1;
+        h.arg0 = u64::MAX / 2;
+        assert!(matches!(
+            FrameHeader::decode(&h.encode()),
+            Err(FrameError::Oversized(_))
+        ));
+        let mut h = sample();
+        h.arg1 = h.arg0 - 10;
+        assert!(matches!(
+            FrameHeader::decode(&h.encode()),
+            Err(FrameError::ChunkOutOfRange { .. })
+        ));
+        let mut h = FrameHeader::new(Opcode::FetchAdd);
+        h.payload_len = 8;
+        assert!(matches!(
+            FrameHeader::decode(&h.encode()),
+            Err(FrameError::UnexpectedPayload(..))
+        ));
+        let mut h = FrameHeader::new(Opcode::FetchAdd);
+        h.addr = u64::MAX - 3;
+        assert_eq!(
+            FrameHeader::decode(&h.encode()),
+            Err(FrameError::AddressOverflow)
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let _ = FrameHeader::decode(&bytes);
+        }
+
+        #[test]
+        fn decoded_headers_reencode_identically(bytes in proptest::collection::vec(any::<u8>(), 64)) {
+            if let Ok(h) = FrameHeader::decode(&bytes) {
+                prop_assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));
+            }
+        }
+    }
+}

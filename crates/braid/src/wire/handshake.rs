@@ -1,0 +1,271 @@
+//! The rail handshake: the first bytes on every new rail, in both directions.
+//!
+//! The connecting side sends a [`Hello`]; the accepting side answers with a [`HelloReply`]
+//! and closes the connection unless the status is [`HandshakeStatus::Accepted`].
+
+use thiserror::Error;
+
+/// Magic that opens a [`Hello`].
+pub const HELLO_MAGIC: [u8; 8] = *b"BRAIDRMA";
+/// Magic that opens a [`HelloReply`].
+pub const REPLY_MAGIC: [u8; 8] = *b"BRAIDACK";
+/// Version of the handshake and frame format spoken by this build.
+pub const HANDSHAKE_VERSION: u16 = 1;
+/// Size in bytes of both handshake messages.
+pub const HANDSHAKE_LEN: usize = 40;
+/// Most rails one endpoint may have.
+pub const MAX_RAILS: u16 = 64;
+
+/// Capability bits exchanged in the handshake; the endpoint uses the intersection.
+pub mod caps {
+    /// Reserved for payload CRC32C (not yet used by this version).
+    pub const PAYLOAD_CRC32C: u32 = 1 << 0;
+}
+
+/// Sent by the connecting side of a rail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// Protocol version the sender speaks.
+    pub version: u16,
+    /// Index of this rail within the endpoint (0-based).
+    pub rail_index: u16,
+    /// Number of rails the endpoint will have.
+    pub rail_count: u16,
+    /// Capability bits ([`caps`]).
+    pub capabilities: u32,
+    /// Largest frame payload the sender will send.
+    pub max_chunk: u32,
+    /// Random id that joins the rails of one endpoint.
+    pub session_id: u64,
+}
+
+/// The accepting side's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloReply {
+    /// Protocol version the replying side speaks.
+    pub version: u16,
+    /// Echo of the rail index.
+    pub rail_index: u16,
+    /// Echo of the rail count.
+    pub rail_count: u16,
+    /// Whether the rail is accepted, and if not, why.
+    pub status: HandshakeStatus,
+    /// Capability bits of the replying side.
+    pub capabilities: u32,
+    /// Largest frame payload the replying side will send.
+    pub max_chunk: u32,
+    /// Echo of the session id.
+    pub session_id: u64,
+}
+
+/// Outcome of a rail handshake as reported by the accepting side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum HandshakeStatus {
+    /// The rail joins the session.
+    Accepted = 0,
+    /// The accepting side does not speak the requested version.
+    VersionUnsupported = 1,
+    /// Rail index or count out of range, or the index is already taken in this session.
+    BadRail = 2,
+    /// The listener is not accepting (closing, or too many pending sessions).
+    Refused = 3,
+}
+
+impl HandshakeStatus {
+    fn from_u16(v: u16) -> Option<Self> {
+        Some(match v {
+            0 => HandshakeStatus::Accepted,
+            1 => HandshakeStatus::VersionUnsupported,
+            2 => HandshakeStatus::BadRail,
+            3 => HandshakeStatus::Refused,
+            _ => return None,
+        })
+    }
+}
+
+/// Why handshake bytes were refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum HandshakeError {
+    /// Fewer than [`HANDSHAKE_LEN`] bytes.
+    #[error("truncated handshake: {0} of {HANDSHAKE_LEN} bytes")]
+    Truncated(usize),
+    /// The magic is wrong: the peer does not speak braid.
+    #[error("peer does not speak the braid protocol (magic {0:02x?})")]
+    BadMagic([u8; 8]),
+    /// Unknown status code in a reply.
+    #[error("unknown handshake status {0}")]
+    BadStatus(u16),
+    /// Reserved bytes were not zero.
+    #[error("reserved handshake bytes are not zero")]
+    Reserved,
+}
+
+fn put_common(b: &mut [u8; HANDSHAKE_LEN], magic: [u8; 8], f: (u16, u16, u16, u16, u32, u32, u64)) {
+    b[0..8].copy_from_slice(&magic);
+    b[8..10].copy_from_slice(&f.0.to_le_bytes());
+    b[10..12].copy_from_slice(&f.1.to_le_bytes());
+    b[12..14].copy_from_slice(&f.2.to_le_bytes());
+    b[14..16].copy_from_slice(&f.3.to_le_bytes());
+    b[16..20].copy_from_slice(&f.4.to_le_bytes());
+    b[20..24].copy_from_slice(&f.5.to_le_bytes());
+    b[24..32].copy_from_slice(&f.6.to_le_bytes());
+}
+
+type Common = (u16, u16, u16, u16, u32, u32, u64);
+
+fn get_common(b: &[u8], magic: [u8; 8]) -> Result<Common, HandshakeError> {
+    if b.len() < HANDSHAKE_LEN {
+        return Err(HandshakeError::Truncated(b.len()));
+    }
+    let m: [u8; 8] = b[0..8].try_into().expect("8 bytes");
+    if m != magic {
+        return Err(HandshakeError::BadMagic(m));
+    }
+    if b[32..40].iter().any(|&x| x != 0) {
+        return Err(HandshakeError::Reserved);
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    Ok((
+        u16_at(8),
+        u16_at(10),
+        u16_at(12),
+        u16_at(14),
+        u32_at(16),
+        u32_at(20),
+        u64::from_le_bytes(b[24..32].try_into().expect("8 bytes")),
+    ))
+}
+
+impl Hello {
+    /// Encodes the hello.
+    pub fn encode(&self) -> [u8; HANDSHAKE_LEN] {
+        let mut b = [0u8; HANDSHAKE_LEN];
+        put_common(
+            &mut b,
+            HELLO_MAGIC,
+            (
+                self.version,
+                self.rail_index,
+                self.rail_count,
+                0,
+                self.capabilities,
+                self.max_chunk,
+                self.session_id,
+            ),
+        );
+        b
+    }
+
+    /// Decodes a hello. The version is not checked here: the caller answers a foreign
+    /// version with [`HandshakeStatus::VersionUnsupported`].
+    pub fn decode(b: &[u8]) -> Result<Hello, HandshakeError> {
+        let (version, rail_index, rail_count, _flags, capabilities, max_chunk, session_id) =
+            get_common(b, HELLO_MAGIC)?;
+        Ok(Hello {
+            version,
+            rail_index,
+            rail_count,
+            capabilities,
+            max_chunk,
+            session_id,
+        })
+    }
+}
+
+impl HelloReply {
+    /// Encodes the reply.
+    pub fn encode(&self) -> [u8; HANDSHAKE_LEN] {
+        let mut b = [0u8; HANDSHAKE_LEN];
+        put_common(
+            &mut b,
+            REPLY_MAGIC,
+            (
+                self.version,
+                self.rail_index,
+                self.rail_count,
+                self.status as u16,
+                self.capabilities,
+                self.max_chunk,
+                self.session_id,
+            ),
+        );
+        b
+    }
+
+    /// Decodes a reply.
+    pub fn decode(b: &[u8]) -> Result<HelloReply, HandshakeError> {
+        let (version, rail_index, rail_count, status, capabilities, max_chunk, session_id) =
+            get_common(b, REPLY_MAGIC)?;
+        let status = HandshakeStatus::from_u16(status).ok_or(HandshakeError::BadStatus(status))?;
+        Ok(HelloReply {
+            version,
+            rail_index,
+            rail_count,
+            status,
+            capabilities,
+            max_chunk,
+            session_id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn round_trips() {
+        let h = Hello {
+            version: 1,
+            rail_index: 2,
+            rail_count: 4,
+            capabilities: 0,
+            max_chunk: 1 << 18,
+            session_id: 0x1234_5678_9abc,
+        };
+        assert_eq!(Hello::decode(&h.encode()), Ok(h));
+        let r = HelloReply {
+            version: 1,
+            rail_index: 2,
+            rail_count: 4,
+            status: HandshakeStatus::BadRail,
+            capabilities: 0,
+            max_chunk: 1 << 18,
+            session_id: 7,
+        };
+        assert_eq!(HelloReply::decode(&r.encode()), Ok(r));
+    }
+
+    #[test]
+    fn refuses_foreign_bytes() {
+        assert!(matches!(
+            Hello::decode(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n............"),
+            Err(HandshakeError::BadMagic(_))
+        ));
+        assert_eq!(Hello::decode(&[0u8; 5]), Err(HandshakeError::Truncated(5)));
+        let h = Hello {
+            version: 1,
+            rail_index: 0,
+            rail_count: 1,
+            capabilities: 0,
+            max_chunk: 0,
+            session_id: 1,
+        };
+        // A hello is not a reply and vice versa.
+        assert!(matches!(
+            HelloReply::decode(&h.encode()),
+            Err(HandshakeError::BadMagic(_))
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..48)) {
+            let _ = Hello::decode(&bytes);
+            let _ = HelloReply::decode(&bytes);
+        }
+    }
+}

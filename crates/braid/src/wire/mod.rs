@@ -1,0 +1,7 @@
+//! Wire formats: the rail handshake and the frame header. Pure data, no I/O.
+
+pub mod frame;
+pub mod handshake;
+
+pub use frame::{FrameError, FrameHeader, HEADER_LEN, Opcode, PROTOCOL_VERSION, WireStatus};
+pub use handshake::{HandshakeError, HandshakeStatus, Hello, HelloReply};

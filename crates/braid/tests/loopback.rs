@@ -1,0 +1,341 @@
+//! The engine on real sockets over loopback, with 1 and 4 rails.
+
+mod common;
+
+use braid::{Access, CompletionKind, Status};
+use common::*;
+
+fn write_read_sizes(rails: usize) {
+    let p = pair(rails);
+    const MAX: usize = 64 << 20;
+    let target = p
+        .server_ctx
+        .alloc_region(MAX + 4096, Access::all())
+        .unwrap();
+    let src = p.client_ctx.alloc_region(MAX, Access::all()).unwrap();
+    let back = p.client_ctx.alloc_region(MAX, Access::all()).unwrap();
+    let key = target.remote_key();
+    let mut sizes = vec![1usize, 7, 64, 4095, 65_536, 1 << 20, (4 << 20) + 3, MAX];
+    sizes.dedup();
+    for (i, &size) in sizes.iter().enumerate() {
+        let data = pattern(i as u64, size);
+        src.write_at(0, &data).unwrap();
+        let off = ((i * 7919) % 4096) as u64;
+        p.client
+            .write(10 + i as u64, &[src.slice(0, size).unwrap()], &key, off)
+            .unwrap();
+        expect_ok(&p.client_cq, 10 + i as u64);
+        assert!(
+            target.to_vec(off as usize, size).unwrap() == data,
+            "write of {size} bytes over {rails} rails"
+        );
+        back.fill(0, size, 0).unwrap();
+        p.client
+            .read(100 + i as u64, &[back.slice(0, size).unwrap()], &key, off)
+            .unwrap();
+        let c = expect_ok(&p.client_cq, 100 + i as u64);
+        assert_eq!(c.kind, CompletionKind::Read);
+        assert_eq!(c.byte_len, size as u64);
+        assert!(
+            back.to_vec(0, size).unwrap() == data,
+            "read of {size} bytes over {rails} rails"
+        );
+    }
+    if rails > 1 {
+        let sent = p.client.rail_bytes_sent();
+        assert!(
+            sent.iter().all(|&b| b > 0),
+            "every rail carried data: {sent:?}"
+        );
+    }
+}
+
+#[test]
+fn write_read_one_rail() {
+    write_read_sizes(1);
+}
+
+#[test]
+fn write_read_four_rails() {
+    write_read_sizes(4);
+}
+
+#[test]
+fn access_violations_leave_memory_unchanged() {
+    let p = pair(2);
+    let target = p.server_ctx.alloc_region(8192, Access::all()).unwrap();
+    let readonly = p
+        .server_ctx
+        .alloc_region(8192, Access::REMOTE_READ)
+        .unwrap();
+    target.fill(0, 8192, 0xAA).unwrap();
+    readonly.fill(0, 8192, 0xAA).unwrap();
+    let src = p.client_ctx.alloc_region(8192, Access::all()).unwrap();
+    src.fill(0, 8192, 0x55).unwrap();
+    let key = target.remote_key();
+    let wrong = braid::RemoteKey {
+        key: key.key ^ 0x1_0000,
+        len: key.len,
+    };
+    // Wrong key.
+    p.client
+        .write(1, &[src.slice(0, 100).unwrap()], &wrong, 0)
+        .unwrap();
+    // Outside the range.
+    p.client
+        .write(2, &[src.slice(0, 200).unwrap()], &key, 8100)
+        .unwrap();
+    // Missing right.
+    p.client
+        .write(3, &[src.slice(0, 10).unwrap()], &readonly.remote_key(), 0)
+        .unwrap();
+    p.client.fetch_add(4, &readonly.remote_key(), 0, 1).unwrap();
+    // A good write afterwards still works.
+    p.client
+        .write(5, &[src.slice(0, 10).unwrap()], &key, 0)
+        .unwrap();
+    for id in 1..=4 {
+        let c = next(&p.client_cq);
+        assert_eq!(c.wr_id, id);
+        assert_eq!(c.status, Status::RemoteAccessError, "{c:?}");
+    }
+    expect_ok(&p.client_cq, 5);
+    assert_eq!(target.to_vec(0, 10).unwrap(), vec![0x55; 10]);
+    assert_eq!(target.to_vec(10, 8182).unwrap(), vec![0xAA; 8182]);
+    assert_eq!(readonly.to_vec(0, 8192).unwrap(), vec![0xAA; 8192]);
+    // Deregistered region.
+    let rk = readonly.remote_key();
+    readonly.deregister(WAIT).unwrap();
+    p.client
+        .read(6, &[src.slice(0, 8).unwrap()], &rk, 0)
+        .unwrap();
+    let c = next(&p.client_cq);
+    assert_eq!((c.wr_id, c.status), (6, Status::RemoteAccessError));
+}
+
+#[test]
+fn send_recv_and_imm_in_order() {
+    let p = pair(4);
+    let rbuf = p.server_ctx.alloc_region(1 << 20, Access::all()).unwrap();
+    let target = p.server_ctx.alloc_region(1 << 20, Access::all()).unwrap();
+    let src = p.client_ctx.alloc_region(1 << 20, Access::all()).unwrap();
+    for i in 0..8u64 {
+        p.server
+            .post_recv(1000 + i, &[rbuf.slice(i as usize * 65536, 65536).unwrap()])
+            .unwrap();
+    }
+    for i in 0..8u64 {
+        let data = pattern(i, 1000 + i as usize);
+        src.write_at(i as usize * 65536, &data).unwrap();
+        if i % 2 == 0 {
+            p.client
+                .send(i, &[src.slice(i as usize * 65536, data.len()).unwrap()])
+                .unwrap();
+        } else {
+            p.client
+                .write_with_imm(
+                    i,
+                    &[src.slice(i as usize * 65536, data.len()).unwrap()],
+                    &target.remote_key(),
+                    i * 65536,
+                    i as u32,
+                )
+                .unwrap();
+        }
+    }
+    for i in 0..8u64 {
+        expect_ok(&p.client_cq, i);
+        let c = expect_ok(&p.server_cq, 1000 + i);
+        let data = pattern(i, 1000 + i as usize);
+        assert_eq!(c.byte_len, data.len() as u64);
+        if i % 2 == 0 {
+            assert_eq!(c.kind, CompletionKind::Recv);
+            assert_eq!(rbuf.to_vec(i as usize * 65536, data.len()).unwrap(), data);
+        } else {
+            assert_eq!(c.kind, CompletionKind::RecvWriteImm);
+            assert_eq!(c.imm, Some(i as u32));
+            assert_eq!(target.to_vec(i as usize * 65536, data.len()).unwrap(), data);
+        }
+    }
+}
+
+#[test]
+fn atomics_from_threads_and_endpoints_sum_exactly() {
+    let p = pair(4);
+    let counter = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
+    let key = counter.remote_key();
+    let second = pair(2);
+    let counter2_key = key;
+    let _ = counter2_key;
+    const PER: u64 = 500;
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let ep = &p.client;
+            let cq = &p.client_cq;
+            let _ = cq;
+            s.spawn(move || {
+                for i in 0..PER {
+                    loop {
+                        match ep.fetch_add(t * PER + i, &key, 0, 1) {
+                            Ok(()) => break,
+                            Err(braid::Error::QueueFull { .. }) => std::thread::yield_now(),
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            });
+        }
+        // The server side also adds to its own counter word through the atomic view.
+        s.spawn(|| {
+            for _ in 0..PER {
+                counter
+                    .atomic_u64(0)
+                    .unwrap()
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+    });
+    let mut seen = 0;
+    while seen < 3 * PER {
+        let c = next(&p.client_cq);
+        assert_eq!(c.status, Status::Success);
+        assert!(c.value.is_some());
+        seen += 1;
+    }
+    assert_eq!(
+        counter
+            .atomic_u64(0)
+            .unwrap()
+            .load(std::sync::atomic::Ordering::SeqCst),
+        4 * PER
+    );
+    drop(second);
+}
+
+#[test]
+fn compare_swap_and_read_after_write() {
+    let p = pair(4);
+    let r = p.server_ctx.alloc_region(16 << 20, Access::all()).unwrap();
+    let key = r.remote_key();
+    let src = p.client_ctx.alloc_region(16 << 20, Access::all()).unwrap();
+    let dst = p.client_ctx.alloc_region(16 << 20, Access::all()).unwrap();
+    let data = pattern(77, 16 << 20);
+    src.write_at(0, &data).unwrap();
+    // Post the write and the read back-to-back: the read must see the whole write.
+    p.client.write(1, &[src.as_sge()], &key, 0).unwrap();
+    p.client.read(2, &[dst.as_sge()], &key, 0).unwrap();
+    p.client
+        .compare_swap(
+            3,
+            &key,
+            8,
+            u64::from_le_bytes(data[8..16].try_into().unwrap()),
+            42,
+        )
+        .unwrap();
+    p.client.compare_swap(4, &key, 8, 7, 99).unwrap();
+    expect_ok(&p.client_cq, 1);
+    expect_ok(&p.client_cq, 2);
+    assert!(dst.to_vec(0, 16 << 20).unwrap() == data);
+    let c = expect_ok(&p.client_cq, 3);
+    assert_eq!(
+        c.value,
+        Some(u64::from_le_bytes(data[8..16].try_into().unwrap()))
+    );
+    let c = expect_ok(&p.client_cq, 4);
+    assert_eq!(c.value, Some(42));
+    assert_eq!(r.to_vec(8, 8).unwrap(), 42u64.to_le_bytes());
+}
+
+#[test]
+fn scatter_gather_write_read_send() {
+    let p = pair(2);
+    let target = p.server_ctx.alloc_region(1 << 20, Access::all()).unwrap();
+    let a = p.client_ctx.alloc_region(1 << 20, Access::all()).unwrap();
+    let b = p.client_ctx.alloc_region(1 << 20, Access::all()).unwrap();
+    let da = pattern(1, 300_000);
+    let db = pattern(2, 500_001);
+    a.write_at(5, &da).unwrap();
+    b.write_at(11, &db).unwrap();
+    let gather = [
+        a.slice(5, da.len()).unwrap(),
+        b.slice(11, db.len()).unwrap(),
+    ];
+    p.client
+        .write(1, &gather, &target.remote_key(), 100)
+        .unwrap();
+    expect_ok(&p.client_cq, 1);
+    let mut want = da.clone();
+    want.extend_from_slice(&db);
+    assert!(target.to_vec(100, want.len()).unwrap() == want);
+    // Scatter the read back into three pieces.
+    let x = p.client_ctx.alloc_region(1 << 20, Access::all()).unwrap();
+    let scatter = [
+        x.slice(0, 1).unwrap(),
+        x.slice(1000, 400_000).unwrap(),
+        x.slice(500_000, want.len() - 400_001).unwrap(),
+    ];
+    p.client
+        .read(2, &scatter, &target.remote_key(), 100)
+        .unwrap();
+    expect_ok(&p.client_cq, 2);
+    assert_eq!(x.to_vec(0, 1).unwrap(), want[..1]);
+    assert!(x.to_vec(1000, 400_000).unwrap() == want[1..400_001]);
+    assert!(x.to_vec(500_000, want.len() - 400_001).unwrap() == want[400_001..]);
+    // Send gathered into a scattered receive.
+    let r = p.server_ctx.alloc_region(1 << 20, Access::all()).unwrap();
+    p.server
+        .post_recv(
+            9,
+            &[r.slice(0, 10).unwrap(), r.slice(4096, 900_000).unwrap()],
+        )
+        .unwrap();
+    p.client.send(3, &gather).unwrap();
+    expect_ok(&p.client_cq, 3);
+    let c = expect_ok(&p.server_cq, 9);
+    assert_eq!(c.byte_len, want.len() as u64);
+    assert_eq!(r.to_vec(0, 10).unwrap(), want[..10]);
+    assert!(r.to_vec(4096, want.len() - 10).unwrap() == want[10..]);
+}
+
+#[test]
+fn send_longer_than_receive_fails_both_sides() {
+    let p = pair(1);
+    let r = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
+    let s = p.client_ctx.alloc_region(8192, Access::all()).unwrap();
+    p.server.post_recv(1, &[r.slice(0, 100).unwrap()]).unwrap();
+    p.client.send(2, &[s.slice(0, 101).unwrap()]).unwrap();
+    let c = next(&p.client_cq);
+    assert_eq!((c.wr_id, c.status), (2, Status::RemoteInvalidRequest));
+    let c = next(&p.server_cq);
+    assert_eq!((c.wr_id, c.status), (1, Status::LocalLengthError));
+}
+
+#[test]
+fn close_flushes_and_peer_sees_transport_error() {
+    let p = pair(2);
+    let r = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
+    p.server.post_recv(1, &[r.as_sge()]).unwrap();
+    p.server.post_recv(2, &[r.as_sge()]).unwrap();
+    let cr = p.client_ctx.alloc_region(4096, Access::all()).unwrap();
+    p.client.post_recv(7, &[cr.as_sge()]).unwrap();
+    p.server.close();
+    for id in [1, 2] {
+        let c = next(&p.server_cq);
+        assert_eq!((c.wr_id, c.status), (id, Status::Flushed));
+    }
+    assert!(p.server.post_recv(3, &[r.as_sge()]).is_err());
+    // The client learns of the close and flushes its receive with an error.
+    let c = next(&p.client_cq);
+    assert_eq!(c.wr_id, 7);
+    assert_ne!(c.status, Status::Success);
+    assert!(
+        p.client
+            .write(8, &[cr.as_sge()], &r.remote_key(), 0)
+            .is_err()
+            || {
+                let c = next(&p.client_cq);
+                c.status != Status::Success
+            }
+    );
+}

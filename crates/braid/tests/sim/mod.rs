@@ -1,0 +1,831 @@
+//! A deterministic simulator for braid's sans-IO protocol core, in the manner of
+//! quinn-proto's test harness.
+//!
+//! Two [`Session`]s (side 0 = "A", side 1 = "B"), each with its own [`Registry`], are joined
+//! by N simulated rails. Each rail has two byte streams (one per direction) modelled as a
+//! link with an optional rate (bytes per virtual microsecond) and latency. The simulator
+//! plays the progress engine's part exactly as the real driver does:
+//!
+//! * transmit: `wants_transmit` / `poll_transmit`, copying header and payload (read through
+//!   the raw pointers while the `Transmit` is alive) into the rail's stream;
+//! * receive: reassemble 64-byte headers (possibly from several short reads), decode them,
+//!   `on_frame`, then copy payload bytes straight into the `Placement` pieces (again possibly
+//!   in several short reads), `payload_done`; `Discard` consumes and drops; `Stall` keeps
+//!   the header and stops reading the rail until `take_rx_retry` names it;
+//! * completions are drained with `poll_completion` after every action.
+//!
+//! There is no wall clock: `now` is a fixed `Instant` base plus a virtual `Duration` that the
+//! simulator advances. All randomness comes from a seeded [`Rng`], so a seed replays exactly.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use braid::mem::Registry;
+use braid::proto::{ProtocolError, RxAction, Session, SessionConfig};
+use braid::wire::{FrameError, FrameHeader, HEADER_LEN};
+use braid::{Access, Completion, Region, Sge};
+
+// ------------------------------------------------------------------------------ PRNG
+
+/// splitmix64: tiny, fast, and good enough to drive a simulation.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x5EED_B4A1_D000_0000)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0);
+        self.next_u64() % n
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        assert!(lo <= hi);
+        if hi - lo == u64::MAX {
+            return self.next_u64();
+        }
+        lo + self.below(hi - lo + 1)
+    }
+
+    /// Uniform in `lo..=hi` as usize.
+    pub fn urange(&mut self, lo: usize, hi: usize) -> usize {
+        self.range(lo as u64, hi as u64) as usize
+    }
+
+    /// Log-uniform in `lo..=hi` (`lo >= 1`): small and large sizes alike.
+    pub fn log_range(&mut self, lo: u64, hi: u64) -> u64 {
+        assert!(lo >= 1 && lo <= hi);
+        let (a, b) = ((lo as f64).ln(), ((hi + 1) as f64).ln());
+        let x = a + (b - a) * self.unit();
+        (x.exp() as u64).clamp(lo, hi)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
+    }
+
+    /// Fills `buf` with random bytes.
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        let mut chunks = buf.chunks_exact_mut(8);
+        for c in &mut chunks {
+            c.copy_from_slice(&self.next_u64().to_le_bytes());
+        }
+        let rest = chunks.into_remainder();
+        let last = self.next_u64().to_le_bytes();
+        let n = rest.len();
+        rest.copy_from_slice(&last[..n]);
+    }
+
+    /// `n` random bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        self.fill(&mut v);
+        v
+    }
+
+    /// A uniformly chosen element.
+    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// The seeds a "many seeds" test runs: `BRAID_SIM_SEED=n` replays one, `BRAID_SIM_SEEDS=n`
+/// runs `n` seeds instead of `default`.
+pub fn seeds(default: u64) -> Vec<u64> {
+    if let Some(s) = std::env::var("BRAID_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+        return vec![s];
+    }
+    let n = std::env::var("BRAID_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    (0..n).collect()
+}
+
+// ------------------------------------------------------------------------------ links
+
+/// Bytes written at once: they arrive linearly over `[start, end]`.
+struct Segment {
+    data: Vec<u8>,
+    start: Duration,
+    end: Duration,
+}
+
+impl Segment {
+    fn arrived(&self, now: Duration) -> usize {
+        if now >= self.end {
+            self.data.len()
+        } else if now <= self.start {
+            0
+        } else {
+            let f = (now - self.start).as_nanos() as f64 / (self.end - self.start).as_nanos() as f64;
+            ((self.data.len() as f64 * f) as usize).min(self.data.len())
+        }
+    }
+}
+
+/// One direction of one rail: a byte stream through a link of some rate and latency.
+pub struct Pipe {
+    segs: VecDeque<Segment>,
+    /// Bytes of the front segment already read.
+    front_read: usize,
+    link_free: Duration,
+    /// Link rate in bytes per virtual microsecond; `None` for an infinitely fast link.
+    pub rate: Option<f64>,
+    /// One-way latency.
+    pub latency: Duration,
+    /// Bytes written so far.
+    pub written: u64,
+    /// Bytes read so far.
+    pub read: u64,
+}
+
+impl Pipe {
+    fn new(rate: Option<f64>, latency: Duration) -> Pipe {
+        Pipe {
+            segs: VecDeque::new(),
+            front_read: 0,
+            link_free: Duration::ZERO,
+            rate,
+            latency,
+            written: 0,
+            read: 0,
+        }
+    }
+
+    /// Appends raw bytes (a frame, or anything a test injects).
+    pub fn push(&mut self, data: Vec<u8>, now: Duration) {
+        if data.is_empty() {
+            return;
+        }
+        let start = self.link_free.max(now);
+        let tx = match self.rate {
+            Some(r) => Duration::from_nanos((data.len() as f64 * 1000.0 / r).ceil() as u64),
+            None => Duration::ZERO,
+        };
+        self.link_free = start + tx;
+        self.written += data.len() as u64;
+        self.segs.push_back(Segment {
+            data,
+            start: start + self.latency,
+            end: start + tx + self.latency,
+        });
+    }
+
+    /// Bytes readable at `now`.
+    pub fn available(&self, now: Duration) -> usize {
+        let mut n = 0;
+        for (i, s) in self.segs.iter().enumerate() {
+            let got = s.arrived(now);
+            let skip = if i == 0 { self.front_read } else { 0 };
+            n += got.saturating_sub(skip);
+            if got < s.data.len() {
+                break;
+            }
+        }
+        n
+    }
+
+    /// Bytes written and not yet arrived at the reader at `now` (what is "on the wire").
+    pub fn in_flight(&self, now: Duration) -> usize {
+        self.segs.iter().map(|s| s.data.len() - s.arrived(now)).sum()
+    }
+
+    /// Bytes written and not yet read.
+    pub fn unread(&self) -> u64 {
+        self.written - self.read
+    }
+
+    /// The earliest time after `now` at which more bytes become readable.
+    pub fn next_arrival(&self, now: Duration) -> Option<Duration> {
+        self.segs
+            .iter()
+            .find(|s| s.arrived(now) < s.data.len())
+            .map(|s| if s.start > now { s.start } else { now + Duration::from_micros(1) })
+    }
+
+    /// Reads up to `len` readable bytes to `dst`; returns how many.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes of writes.
+    pub unsafe fn read_raw(&mut self, now: Duration, dst: *mut u8, len: usize) -> usize {
+        let mut done = 0;
+        while done < len {
+            let Some(s) = self.segs.front() else { break };
+            let avail = s.arrived(now).saturating_sub(self.front_read);
+            if avail == 0 {
+                break;
+            }
+            let n = avail.min(len - done);
+            // SAFETY: source inside the segment; destination valid per the caller.
+            unsafe { std::ptr::copy_nonoverlapping(s.data.as_ptr().add(self.front_read), dst.add(done), n) };
+            done += n;
+            self.front_read += n;
+            if self.front_read == s.data.len() {
+                self.segs.pop_front();
+                self.front_read = 0;
+            }
+        }
+        self.read += done as u64;
+        done
+    }
+
+    /// Drops every byte not yet read.
+    pub fn clear(&mut self) {
+        self.read = self.written;
+        self.segs.clear();
+        self.front_read = 0;
+    }
+}
+
+// ------------------------------------------------------------------------------ receive state
+
+enum Rx {
+    /// Reassembling a header.
+    Header { buf: [u8; HEADER_LEN], have: usize },
+    /// Reading a payload into placement pieces (or discarding it).
+    Payload {
+        iov: Vec<(*mut u8, usize)>,
+        idx: usize,
+        off: usize,
+        left: usize,
+    },
+    /// The session said `Stall`: the header is kept until the rail is named by `take_rx_retry`.
+    Stalled { hdr: FrameHeader, retry: bool },
+    /// The session reported a protocol error (or the header did not decode): the rail is dead.
+    Dead,
+}
+
+impl Rx {
+    fn fresh() -> Rx {
+        Rx::Header {
+            buf: [0; HEADER_LEN],
+            have: 0,
+        }
+    }
+}
+
+/// What happened when a side received on a rail; [`Sim::observe`] gets one per event.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// `on_frame` was called with this header (and returned without error).
+    Frame { side: usize, rail: usize, hdr: FrameHeader },
+    /// `payload_done` was called after a payload was fully placed or discarded.
+    PayloadDone { side: usize, rail: usize },
+}
+
+/// One endpoint of the simulated connection.
+pub struct Side {
+    /// The protocol state machine.
+    pub session: Session,
+    /// Its registry (target side key lookups).
+    pub registry: Arc<Registry>,
+    rx: Vec<Rx>,
+    /// Every completion polled so far, in order.
+    pub completions: Vec<Completion>,
+    /// Protocol errors returned by `on_frame`, with their rail.
+    pub errors: Vec<(usize, ProtocolError)>,
+    /// Headers that failed to decode, with their rail.
+    pub decode_errors: Vec<(usize, FrameError)>,
+    /// Frames this side transmitted, when [`Sim::capture`] is on: (rail, bytes).
+    pub captured: Vec<(usize, Vec<u8>)>,
+    /// Number of `Stall` answers.
+    pub stalls: u64,
+}
+
+impl Side {
+    /// Allocates a region registered in this side's registry.
+    pub fn alloc(&self, len: usize, access: Access) -> Region {
+        Region::allocate_in(&self.registry, len, access).expect("region allocation")
+    }
+
+    /// Pulls every waiting completion out of the session.
+    pub fn drain(&mut self) {
+        while let Some(c) = self.session.poll_completion() {
+            self.completions.push(c);
+        }
+    }
+
+    /// True when the rail's receive side is stalled (and not yet released).
+    pub fn is_stalled(&self, rail: usize) -> bool {
+        matches!(self.rx[rail], Rx::Stalled { retry: false, .. })
+    }
+
+    /// True when the rail's receive side is dead after an error.
+    pub fn is_dead(&self, rail: usize) -> bool {
+        matches!(self.rx[rail], Rx::Dead)
+    }
+
+    /// True when a payload is half-read on the rail.
+    pub fn mid_payload(&self, rail: usize) -> bool {
+        matches!(self.rx[rail], Rx::Payload { .. })
+    }
+}
+
+/// How the simulator reads.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// Split reads at random sizes (short reads), including inside headers.
+    pub short_reads: bool,
+    /// Largest single read.
+    pub max_read: usize,
+    /// Largest number of bytes on the wire (not yet arrived) per rail and direction before
+    /// the sender stops polling for frames: the socket send buffer.
+    pub sndbuf: usize,
+    /// Virtual time each random step advances, at most.
+    pub max_step: Duration,
+}
+
+impl Default for SimOptions {
+    fn default() -> SimOptions {
+        SimOptions {
+            short_reads: true,
+            max_read: 256 << 10,
+            sndbuf: 4 << 20,
+            max_step: Duration::from_micros(20),
+        }
+    }
+}
+
+/// Two sessions joined by simulated rails.
+pub struct Sim {
+    /// Side 0 ("A") and side 1 ("B").
+    pub sides: [Side; 2],
+    /// `pipes[rail][from]`: the stream from side `from` to side `1 - from`.
+    pub pipes: Vec<[Pipe; 2]>,
+    base: Instant,
+    /// Virtual time since the start.
+    pub now: Duration,
+    /// The simulation's randomness.
+    pub rng: Rng,
+    /// The seed, for failure messages.
+    pub seed: u64,
+    /// Reading behaviour.
+    pub opts: SimOptions,
+    /// Record every transmitted frame in [`Side::captured`].
+    pub capture: bool,
+    /// Called after every receive event (with the sides in their state right after it).
+    pub observe: Option<Box<dyn FnMut(&Event, &[Side; 2])>>,
+    /// Actions taken.
+    pub steps: u64,
+}
+
+fn new_side(cfg: SessionConfig, rails: usize, id: u64) -> Side {
+    let registry = Arc::new(Registry::default());
+    Side {
+        session: Session::new(cfg, registry.clone(), rails, id),
+        registry,
+        rx: (0..rails).map(|_| Rx::fresh()).collect(),
+        completions: Vec::new(),
+        errors: Vec::new(),
+        decode_errors: Vec::new(),
+        captured: Vec::new(),
+        stalls: 0,
+    }
+}
+
+impl Sim {
+    /// A pair of sessions with the same configuration over `rails` infinitely fast rails.
+    pub fn new(seed: u64, rails: usize, cfg: SessionConfig) -> Sim {
+        Sim::with(seed, vec![None; rails], Duration::ZERO, cfg.clone(), cfg)
+    }
+
+    /// A pair over rails of the given rates (bytes per virtual microsecond, `None` =
+    /// infinite) and one-way latency.
+    pub fn with(
+        seed: u64,
+        rates: Vec<Option<f64>>,
+        latency: Duration,
+        cfg_a: SessionConfig,
+        cfg_b: SessionConfig,
+    ) -> Sim {
+        let rails = rates.len();
+        Sim {
+            sides: [new_side(cfg_a, rails, 1), new_side(cfg_b, rails, 2)],
+            pipes: rates
+                .iter()
+                .map(|&r| [Pipe::new(r, latency), Pipe::new(r, latency)])
+                .collect(),
+            base: Instant::now(),
+            now: Duration::ZERO,
+            rng: Rng::new(seed),
+            seed,
+            opts: SimOptions::default(),
+            capture: false,
+            observe: None,
+            steps: 0,
+        }
+    }
+
+    /// Number of rails.
+    pub fn rails(&self) -> usize {
+        self.pipes.len()
+    }
+
+    /// The simulated `Instant`.
+    pub fn instant(&self) -> Instant {
+        self.base + self.now
+    }
+
+    /// Side `s`.
+    pub fn side(&mut self, s: usize) -> &mut Side {
+        &mut self.sides[s]
+    }
+
+    /// Posts a receive on side `s`, then collects the rails it released (as the driver must).
+    pub fn post_recv(&mut self, s: usize, wr_id: u64, local: Vec<Sge>) -> Result<(), braid::proto::PostError> {
+        let r = self.sides[s].session.post_recv(wr_id, local);
+        self.collect_retry(s);
+        r
+    }
+
+    /// Collects `take_rx_retry` of side `s` into its stalled rails.
+    pub fn collect_retry(&mut self, s: usize) {
+        let bits = self.sides[s].session.take_rx_retry();
+        for (rail, rx) in self.sides[s].rx.iter_mut().enumerate() {
+            if bits & (1 << rail) != 0
+                && let Rx::Stalled { retry, .. } = rx
+            {
+                *retry = true;
+            }
+        }
+    }
+
+    /// Drains the completions of both sides.
+    pub fn drain(&mut self) {
+        for s in &mut self.sides {
+            s.drain();
+        }
+    }
+
+    /// True when side `s` may transmit a frame on `rail` now.
+    pub fn can_tx(&self, s: usize, rail: usize) -> bool {
+        self.sides[s].session.wants_transmit(rail) && self.pipes[rail][s].in_flight(self.now) < self.opts.sndbuf
+    }
+
+    /// Side `s` transmits one frame on `rail`, if the session has one; true if it did.
+    pub fn tx_one(&mut self, s: usize, rail: usize) -> bool {
+        let now = self.instant();
+        let Some(t) = self.sides[s].session.poll_transmit(rail, now) else {
+            return false;
+        };
+        let mut bytes = Vec::with_capacity(t.len());
+        bytes.extend_from_slice(&t.header);
+        for &(p, l) in &t.payload {
+            // SAFETY: the Transmit keeps the registered memory behind its pointers alive.
+            bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(p, l) });
+        }
+        drop(t);
+        if self.capture {
+            self.sides[s].captured.push((rail, bytes.clone()));
+        }
+        self.pipes[rail][s].push(bytes, self.now);
+        true
+    }
+
+    /// True when side `s` can make receive progress on `rail` now.
+    pub fn can_rx(&self, s: usize, rail: usize) -> bool {
+        match &self.sides[s].rx[rail] {
+            Rx::Dead => false,
+            Rx::Stalled { retry, .. } => *retry,
+            _ => self.pipes[rail][1 - s].available(self.now) > 0,
+        }
+    }
+
+    fn read_len(&mut self, want: usize) -> usize {
+        let want = want.min(self.opts.max_read).max(1);
+        if self.opts.short_reads && self.rng.chance(0.5) {
+            let n = match self.rng.below(3) {
+                0 => self.rng.urange(1, 16),
+                1 => self.rng.urange(1, 4096),
+                _ => self.rng.urange(1, want),
+            };
+            n.min(want)
+        } else {
+            want
+        }
+    }
+
+    /// Side `s` does one receive action on `rail`: one read (or a re-offered header).
+    /// Returns true if anything happened.
+    pub fn rx_one(&mut self, s: usize, rail: usize) -> bool {
+        let from = 1 - s;
+        let state = std::mem::replace(&mut self.sides[s].rx[rail], Rx::Dead);
+        match state {
+            Rx::Dead => false,
+            Rx::Stalled { hdr, retry: false } => {
+                self.sides[s].rx[rail] = Rx::Stalled { hdr, retry: false };
+                false
+            }
+            Rx::Stalled { hdr, retry: true } => {
+                self.offer(s, rail, hdr);
+                true
+            }
+            Rx::Header { mut buf, mut have } => {
+                let avail = self.pipes[rail][from].available(self.now);
+                if avail == 0 {
+                    self.sides[s].rx[rail] = Rx::Header { buf, have };
+                    return false;
+                }
+                let n = self.read_len((HEADER_LEN - have).min(avail));
+                // SAFETY: within `buf`.
+                let got = unsafe { self.pipes[rail][from].read_raw(self.now, buf.as_mut_ptr().add(have), n) };
+                have += got;
+                if have < HEADER_LEN {
+                    self.sides[s].rx[rail] = Rx::Header { buf, have };
+                    return got > 0;
+                }
+                match FrameHeader::decode(&buf) {
+                    Ok(hdr) => self.offer(s, rail, hdr),
+                    Err(e) => {
+                        self.sides[s].decode_errors.push((rail, e));
+                        self.sides[s].rx[rail] = Rx::Dead;
+                    }
+                }
+                true
+            }
+            Rx::Payload {
+                iov,
+                mut idx,
+                mut off,
+                mut left,
+            } => {
+                let avail = self.pipes[rail][from].available(self.now);
+                if avail == 0 {
+                    self.sides[s].rx[rail] = Rx::Payload { iov, idx, off, left };
+                    return false;
+                }
+                let mut n = self.read_len(left.min(avail));
+                // One "readv": may span several pieces.
+                while n > 0 {
+                    let (p, l) = iov[idx];
+                    let k = (l - off).min(n);
+                    let got = if p.is_null() {
+                        // Discard: read into a scratch buffer.
+                        let mut scratch = vec![0u8; k];
+                        // SAFETY: scratch is k bytes.
+                        unsafe { self.pipes[rail][from].read_raw(self.now, scratch.as_mut_ptr(), k) }
+                    } else {
+                        // SAFETY: the session keeps the placement's memory alive until payload_done.
+                        unsafe { self.pipes[rail][from].read_raw(self.now, p.add(off), k) }
+                    };
+                    assert_eq!(got, k, "seed {}: short pipe read", self.seed);
+                    off += k;
+                    left -= k;
+                    n -= k;
+                    if off == l {
+                        idx += 1;
+                        off = 0;
+                    }
+                }
+                if left == 0 {
+                    self.sides[s].rx[rail] = Rx::fresh();
+                    self.sides[s].session.payload_done(rail);
+                    self.after_event(Event::PayloadDone { side: s, rail });
+                } else {
+                    self.sides[s].rx[rail] = Rx::Payload { iov, idx, off, left };
+                }
+                true
+            }
+        }
+    }
+
+    /// Offers a decoded header to side `s` on `rail` and sets up what follows.
+    pub fn offer(&mut self, s: usize, rail: usize, hdr: FrameHeader) {
+        let now = self.instant();
+        let res = self.sides[s].session.on_frame(rail, &hdr, now);
+        let len = hdr.payload_len as usize;
+        match res {
+            Err(e) => {
+                self.sides[s].errors.push((rail, e));
+                self.sides[s].rx[rail] = Rx::Dead;
+                self.collect_retry(s);
+                self.sides[s].drain();
+                return;
+            }
+            Ok(RxAction::Done) => {
+                self.sides[s].rx[rail] = Rx::fresh();
+            }
+            Ok(RxAction::Stall) => {
+                self.sides[s].stalls += 1;
+                self.sides[s].rx[rail] = Rx::Stalled { hdr, retry: false };
+            }
+            Ok(RxAction::Place(pl)) => {
+                let total: usize = pl.iov.iter().map(|p| p.1).sum();
+                assert_eq!(
+                    total, len,
+                    "seed {}: placement of {total} bytes for a payload of {len}",
+                    self.seed
+                );
+                let iov: Vec<_> = pl.iov.into_iter().filter(|p| p.1 > 0).collect();
+                self.sides[s].rx[rail] = Rx::Payload {
+                    iov,
+                    idx: 0,
+                    off: 0,
+                    left: len,
+                };
+            }
+            Ok(RxAction::Discard) => {
+                self.sides[s].rx[rail] = Rx::Payload {
+                    iov: vec![(std::ptr::null_mut(), len)],
+                    idx: 0,
+                    off: 0,
+                    left: len,
+                };
+            }
+        }
+        self.after_event(Event::Frame { side: s, rail, hdr });
+        if let Rx::Payload { left: 0, .. } = self.sides[s].rx[rail] {
+            self.sides[s].rx[rail] = Rx::fresh();
+            self.sides[s].session.payload_done(rail);
+            self.after_event(Event::PayloadDone { side: s, rail });
+        }
+    }
+
+    fn after_event(&mut self, ev: Event) {
+        let s = match ev {
+            Event::Frame { side, .. } | Event::PayloadDone { side, .. } => side,
+        };
+        self.collect_retry(s);
+        self.sides[s].drain();
+        if let Some(obs) = self.observe.as_mut() {
+            obs(&ev, &self.sides);
+        }
+    }
+
+    /// One random action: transmit or receive on a random side and rail (random
+    /// interleaving of rails), advancing the clock by a random small amount. Returns false
+    /// when nothing at all can happen any more (everything idle, or deadlocked).
+    pub fn step(&mut self) -> bool {
+        let rails = self.rails();
+        let mut enabled = Vec::new();
+        for s in 0..2 {
+            for r in 0..rails {
+                if self.can_tx(s, r) {
+                    enabled.push((s, r, true));
+                }
+                if self.can_rx(s, r) {
+                    enabled.push((s, r, false));
+                }
+            }
+        }
+        self.steps += 1;
+        let dt = self.rng.range(0, self.opts.max_step.as_nanos() as u64);
+        if enabled.is_empty() {
+            // Wait for bytes still on the wire, if any.
+            let next = (0..rails)
+                .flat_map(|r| (0..2).map(move |d| (r, d)))
+                .filter_map(|(r, d)| self.pipes[r][d].next_arrival(self.now))
+                .min();
+            return match next {
+                Some(t) => {
+                    self.now = t.max(self.now + Duration::from_nanos(dt));
+                    true
+                }
+                None => false,
+            };
+        }
+        self.now += Duration::from_nanos(dt);
+        let (s, r, tx) = *self.rng.pick(&enabled);
+        if tx {
+            self.tx_one(s, r);
+        } else {
+            self.rx_one(s, r);
+        }
+        true
+    }
+
+    /// Steps randomly until `done` holds; panics (naming the seed) if the simulation
+    /// stops making progress or runs past `max_steps`.
+    pub fn run_until(&mut self, max_steps: u64, mut done: impl FnMut(&mut Sim) -> bool) {
+        let start = self.steps;
+        while !done(self) {
+            assert!(
+                self.steps - start < max_steps,
+                "seed {}: no completion after {max_steps} steps\n{}",
+                self.seed,
+                self.describe()
+            );
+            if !self.step() {
+                assert!(
+                    done(self),
+                    "seed {}: simulation idle or deadlocked before done\n{}",
+                    self.seed,
+                    self.describe()
+                );
+                return;
+            }
+        }
+    }
+
+    /// Runs random steps until nothing more can happen.
+    pub fn run_idle(&mut self, max_steps: u64) {
+        let start = self.steps;
+        while self.step() {
+            assert!(
+                self.steps - start < max_steps,
+                "seed {}: still busy after {max_steps} steps\n{}",
+                self.seed,
+                self.describe()
+            );
+        }
+    }
+
+    /// A deterministic, rate-driven tick: every side transmits on every rail while its
+    /// session and the send buffer allow, and reads everything that has arrived; then the
+    /// clock advances by `dt`.
+    pub fn tick(&mut self, dt: Duration) {
+        let rails = self.rails();
+        for s in 0..2 {
+            for r in 0..rails {
+                while self.can_tx(s, r) && self.tx_one(s, r) {}
+            }
+        }
+        for s in 0..2 {
+            for r in 0..rails {
+                while self.can_rx(s, r) && self.rx_one(s, r) {}
+            }
+        }
+        self.now += dt;
+        self.steps += 1;
+    }
+
+    /// Asserts neither side saw a protocol or decode error.
+    pub fn assert_no_errors(&self) {
+        for (i, s) in self.sides.iter().enumerate() {
+            assert!(
+                s.errors.is_empty() && s.decode_errors.is_empty(),
+                "seed {}: side {i} errors {:?} decode errors {:?}",
+                self.seed,
+                s.errors,
+                s.decode_errors
+            );
+        }
+    }
+
+    /// A summary of the state, for failure messages.
+    pub fn describe(&self) -> String {
+        let mut out = format!("now {:?}, steps {}\n", self.now, self.steps);
+        for (i, s) in self.sides.iter().enumerate() {
+            out += &format!(
+                "side {i}: outstanding {}, completions {}, errors {:?}, decode errors {:?}\n",
+                s.session.outstanding(),
+                s.completions.len(),
+                s.errors,
+                s.decode_errors
+            );
+            for r in 0..self.rails() {
+                let st = match &s.rx[r] {
+                    Rx::Header { have, .. } => format!("header({have})"),
+                    Rx::Payload { left, .. } => format!("payload(left {left})"),
+                    Rx::Stalled { hdr, retry } => format!("stalled(seq {} {:?}, retry {retry})", hdr.seq, hdr.opcode),
+                    Rx::Dead => "dead".into(),
+                };
+                out += &format!(
+                    "  rail {r}: rx {st}, incoming unread {}, wants_transmit {}\n",
+                    self.pipes[r][1 - i].unread(),
+                    s.session.wants_transmit(r)
+                );
+            }
+        }
+        out
+    }
+}
+
+/// Splits `len` bytes of `region` starting at `offset` into 1 to `max_pieces` scatter/gather
+/// entries at random boundaries (some may be empty).
+pub fn random_sgl(rng: &mut Rng, region: &Region, offset: usize, len: usize, max_pieces: usize) -> Vec<Sge> {
+    let pieces = rng.urange(1, max_pieces.max(1));
+    let mut cuts: Vec<usize> = (1..pieces).map(|_| rng.urange(0, len)).collect();
+    cuts.sort_unstable();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for c in cuts.into_iter().chain(std::iter::once(len)) {
+        out.push(region.slice(offset + at, c - at).expect("slice in range"));
+        at = c;
+    }
+    out
+}
