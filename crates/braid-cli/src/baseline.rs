@@ -636,11 +636,10 @@ fn serve_trunking(h: &Hello, streams: Vec<TcpStream>) -> Result<ServerReport> {
             let mut n = 0u64;
             loop {
                 let mut hb = [0u8; FragHeader::LEN];
-                match read_exact_or_eof(&mut s, &mut hb)
+                if !read_exact_or_eof(&mut s, &mut hb)
                     .with_context(|| format!("rail {rail}: reading a fragment header"))?
                 {
-                    false => return Ok(n),
-                    true => {}
+                    return Ok(n);
                 }
                 let fh = FragHeader::decode(&hb).with_context(|| format!("rail {rail}"))?;
                 if fh.len as usize > frag || fh.len == 0 {

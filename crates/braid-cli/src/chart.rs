@@ -36,9 +36,9 @@ fn nice_max(v: f64) -> f64 {
 }
 
 fn size_label(s: usize) -> String {
-    if s >= 1 << 20 && s % (1 << 20) == 0 {
+    if s >= 1 << 20 && s.is_multiple_of(1 << 20) {
         format!("{}M", s >> 20)
-    } else if s >= 1 << 10 && s % (1 << 10) == 0 {
+    } else if s >= 1 << 10 && s.is_multiple_of(1 << 10) {
         format!("{}K", s >> 10)
     } else {
         s.to_string()

@@ -190,15 +190,13 @@ fn listening(pid: u32, addrs: &[SocketAddrV4]) -> bool {
     let mut l = Vec::new();
     for line in t.lines().skip(1) {
         let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() > 3 && f[3] == "0A" {
-            if let Some((ip, port)) = f[1].split_once(':') {
-                if let (Ok(ip), Ok(port)) =
-                    (u32::from_str_radix(ip, 16), u16::from_str_radix(port, 16))
-                {
-                    // The kernel prints the address in host byte order of a big-endian word.
-                    l.push(SocketAddrV4::new(Ipv4Addr::from(u32::from_be(ip)), port));
-                }
-            }
+        if f.len() > 3
+            && f[3] == "0A"
+            && let Some((ip, port)) = f[1].split_once(':')
+            && let (Ok(ip), Ok(port)) = (u32::from_str_radix(ip, 16), u16::from_str_radix(port, 16))
+        {
+            // The kernel prints the address as a native-endian word of network-order bytes.
+            l.push(SocketAddrV4::new(Ipv4Addr::from(u32::from_be(ip)), port));
         }
     }
     addrs.iter().all(|a| {

@@ -49,7 +49,7 @@ impl std::fmt::Display for Rate {
             (1_000_000, "mbit"),
             (1_000, "kbit"),
         ] {
-            if b >= div && b % div == 0 {
+            if b >= div && b.is_multiple_of(div) {
                 return write!(f, "{}{}", b / div, unit);
             }
         }
@@ -97,7 +97,7 @@ pub fn parse_rate(s: &str) -> Result<Rate> {
         ),
     };
     let bits = (n * mult).round();
-    if !(bits >= 1000.0 && bits < 1e15) {
+    if !(1000.0..1e15).contains(&bits) {
         bail!("rate {s:?}: out of range (1kbit .. 1000tbit)");
     }
     Ok(Rate::from_bits(bits as u64))

@@ -160,7 +160,13 @@ pub fn probe() -> Result<()> {
     if euid != 0 {
         bail!("network namespaces need root (euid is {euid})");
     }
-    let name = format!("braid-probe-{}", std::process::id());
+    // Unique per call: tests probe from parallel threads of one process.
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!(
+        "braid-probe-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
     ip(&["netns", "add", &name]).context("cannot create a network namespace")?;
     ip(&["netns", "del", &name]).context("cannot delete the probe namespace")?;
     Ok(())
@@ -396,6 +402,17 @@ impl Testbed {
         c
     }
 
+    /// Runs `f` on a new thread that has entered host `host`'s network namespace (`setns`),
+    /// so every socket `f` makes lives in that namespace: in-process servers and clients for
+    /// tests, without subprocesses. Join the handle to get `f`'s result.
+    pub fn spawn_in<T, F>(&self, host: usize, f: F) -> Result<std::thread::JoinHandle<Result<T>>>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        spawn_in_netns(&self.host_ns(host), f)
+    }
+
     /// Sets host `host`'s end of rail `rail` (towards every peer) down or up. Taking one end
     /// down also drops the carrier of its veth peer and removes the rail's connected route.
     pub fn set_rail_link(&self, host: usize, rail: usize, up: bool) -> Result<()> {
@@ -480,6 +497,27 @@ impl Drop for Testbed {
             }
         }
     }
+}
+
+/// Runs `f` on a new thread inside the named network namespace (see [`Testbed::spawn_in`]).
+pub fn spawn_in_netns<T, F>(ns: &str, f: F) -> Result<std::thread::JoinHandle<Result<T>>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    use std::os::fd::AsRawFd;
+    let path = format!("/run/netns/{ns}");
+    let file = fs::File::open(&path).with_context(|| format!("opening {path}"))?;
+    let ns = ns.to_owned();
+    Ok(std::thread::spawn(move || {
+        // SAFETY: setns on a valid namespace fd; CLONE_NEWNET only changes this thread.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        if rc != 0 {
+            bail!("setns into {ns}: {}", std::io::Error::last_os_error());
+        }
+        drop(file);
+        Ok(f())
+    }))
 }
 
 fn ifname(peer: usize, rail: usize) -> String {
