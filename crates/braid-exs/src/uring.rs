@@ -39,6 +39,8 @@ pub(crate) const DEFAULT_ZC_MIN: usize = 0;
 /// The io_uring plain-socket backend.
 pub(crate) struct UringBackend {
     ring: IoUring,
+    // Boxed on purpose: the box pointer becomes the SQE user_data and must not move.
+    #[allow(clippy::vec_box)]
     pending: Mutex<Vec<Box<Op>>>,
     notified: AtomicBool,
     efd: OwnedFd,

@@ -95,7 +95,7 @@ fn exs_send_to_plain_recv_with_flow_control() {
         let mut evs = [ev0(); 4];
         let t = ts(10_000);
         let n = unsafe { exs_qdequeue(q, evs.as_mut_ptr(), 4, &t) };
-        assert!(n >= 1 && n <= 4, "n={n}");
+        assert!((1..=4).contains(&n), "n={n}");
         for e in &evs[..n as usize] {
             assert_eq!(e.ev_type, EXS_EVT_SEND);
             assert_eq!(e.ev_errno, 0);

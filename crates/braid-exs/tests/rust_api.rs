@@ -1,0 +1,171 @@
+//! The Rust API against plain std sockets on loopback.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use common::*;
+use exs::{Buffer, EventKind, Flags, Queue, Registration};
+
+const T: Option<Duration> = Some(Duration::from_secs(20));
+
+#[test]
+fn round_trip_registered_and_plain() {
+    let (a, mut b) = pair();
+    let q = Queue::new(8).unwrap();
+    let data = pattern(1 << 20, 11);
+    let mut reg = Registration::zeroed(1 << 20).unwrap();
+    reg.as_mut_slice().copy_from_slice(&data);
+    // First half from the registration, second half from a plain Vec.
+    q.send(&a, Buffer::registered(reg, 0..(1 << 19)), 1)
+        .unwrap();
+    q.send(&a, data[1 << 19..].to_vec(), 2).unwrap();
+    let mut got = vec![0u8; 1 << 20];
+    b.read_exact(&mut got).unwrap();
+    assert!(got == data);
+    let evs = q.dequeue_exact(2, T).unwrap();
+    assert_eq!(evs.len(), 2);
+    assert_eq!((evs[0].user(), evs[0].kind()), (1, EventKind::Send));
+    assert_eq!(evs[0].result().unwrap(), 1 << 19);
+    let reg = evs
+        .into_iter()
+        .next()
+        .unwrap()
+        .into_buffer()
+        .unwrap()
+        .into_registration()
+        .unwrap();
+    assert_eq!(reg.as_slice(), &data[..]);
+
+    // Back: plain write → exs recv into the registration with WAITALL.
+    b.write_all(&data[..4096]).unwrap();
+    q.recv_with(&a, Buffer::registered(reg, 100..4196), Flags::WAITALL, 3)
+        .unwrap();
+    let e = q.dequeue_one(T).unwrap().unwrap();
+    assert_eq!(
+        (e.kind(), e.user(), e.result().unwrap()),
+        (EventKind::Recv, 3, 4096)
+    );
+    let buf = e.into_buffer().unwrap();
+    assert_eq!(&buf.as_slice()[100..4196], &data[..4096]);
+}
+
+#[test]
+fn eagain_returns_the_buffer() {
+    let (a, b) = pair();
+    let q = Queue::new(1).unwrap();
+    q.send(&a, vec![1u8; 10], 0).unwrap();
+    let r = q.send(&a, vec![2u8; 20], 0).unwrap_err();
+    assert!(r.is_would_block());
+    assert_eq!(r.buffer.into_vec().unwrap(), vec![2u8; 20]);
+    assert_eq!(q.dequeue(4, T).unwrap().len(), 1);
+    drop(b);
+}
+
+#[test]
+fn out_of_range_registration_is_refused() {
+    let (a, _b) = pair();
+    let q = Queue::new(2).unwrap();
+    let reg = Registration::zeroed(100).unwrap();
+    let r = q.send(&a, Buffer::registered(reg, 50..101), 0).unwrap_err();
+    assert_eq!(r.error.raw_os_error(), Some(libc::EINVAL));
+    let reg = r.buffer.into_registration().unwrap();
+    // The same registration is fine in range; and deregisters on drop afterwards.
+    q.send(&a, Buffer::registered(reg, 50..100), 0).unwrap();
+    assert_eq!(q.dequeue_one(T).unwrap().unwrap().result().unwrap(), 50);
+    assert!(Registration::new(Vec::new()).is_err());
+}
+
+#[test]
+fn closed_peer_recv_is_zero() {
+    let (a, b) = pair();
+    let q = Queue::new(2).unwrap();
+    q.recv(&a, vec![0u8; 100], 9).unwrap();
+    drop(b);
+    let e = q.dequeue_one(T).unwrap().unwrap();
+    assert_eq!(e.result().unwrap(), 0);
+}
+
+#[test]
+fn dequeue_timeout_and_zero() {
+    let q = Queue::new(2).unwrap();
+    assert!(q.dequeue(0, None).unwrap().is_empty());
+    let t0 = Instant::now();
+    assert!(
+        q.dequeue(2, Some(Duration::from_millis(50)))
+            .unwrap()
+            .is_empty()
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(45));
+    assert_eq!(
+        q.dequeue_exact(3, T).unwrap_err().raw_os_error(),
+        Some(libc::EINVAL)
+    );
+}
+
+struct ThreadWaker(std::thread::Thread);
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// A minimal executor: enough to show `next_event` needs no particular runtime.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "future did not complete");
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn async_next_event() {
+    let (a, mut b) = pair();
+    let q = Queue::new(4).unwrap();
+    q.recv(&a, vec![0u8; 16], 5).unwrap();
+    let w = std::thread::spawn(move || {
+        b.write_all(b"async!").unwrap();
+        b
+    });
+    let e = block_on(q.next_event()).unwrap();
+    assert_eq!((e.user(), e.result().unwrap()), (5, 6));
+    assert_eq!(&e.into_buffer().unwrap().as_slice()[..6], b"async!");
+    drop(w.join().unwrap());
+}
+
+#[test]
+fn sync_flag_in_rust() {
+    let (a, mut b) = pair();
+    let q = Queue::new(2).unwrap();
+    q.send_with(&a, vec![3u8; 1000], Flags::SYNC, 1).unwrap();
+    let mut v = vec![0u8; 1000];
+    b.read_exact(&mut v).unwrap();
+    // Completed before send_with returned: the event is already there.
+    let e = q.dequeue(1, Some(Duration::ZERO)).unwrap();
+    assert_eq!(e.len(), 1);
+    assert_eq!(e[0].result().unwrap(), 1000);
+}
+
+#[test]
+fn dropping_a_queue_with_work_in_flight_is_safe() {
+    let (a, b) = pair();
+    let q = Queue::new(2).unwrap();
+    q.recv(&a, vec![0u8; 100], 0).unwrap();
+    drop(q);
+    drop(b); // completes the recv; its event (and buffer) are discarded
+    // The library still works.
+    let q = Queue::new(1).unwrap();
+    let (c, _d) = pair();
+    q.send(&c, vec![1u8; 3], 0).unwrap();
+    assert_eq!(q.dequeue_one(T).unwrap().unwrap().result().unwrap(), 3);
+}

@@ -1,0 +1,45 @@
+#!/bin/sh
+# Build libexs (release) and the C examples, then run them on loopback:
+#   (a) exs_send sender  -> plain recv() receiver
+#   (b) plain send() sender -> exs_recv receiver
+# Every wait is bounded; only processes started here are killed.
+set -eu
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+BYTES=${BYTES:-67108864}
+OUT=$(mktemp -d /tmp/exs-c.XXXXXX)
+RPID=
+cleanup() {
+    if [ -n "$RPID" ]; then kill "$RPID" 2>/dev/null || true; fi
+    rm -rf "$OUT"
+}
+trap cleanup EXIT INT TERM
+
+cargo build --release -p braid-exs
+cc -O2 -Wall -Wextra -I include examples/c/exs_stream.c -o "$OUT/exs_stream" -L target/release -lexs
+export LD_LIBRARY_PATH="$ROOT/target/release${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+run_pair() { # receiver-mode sender-mode
+    rm -f "$OUT/port"
+    timeout 60 "$OUT/exs_stream" "$1" "$OUT/port" "$BYTES" &
+    RPID=$!
+    i=0
+    while [ ! -s "$OUT/port" ]; do
+        i=$((i + 1))
+        if [ $i -gt 100 ]; then echo "receiver did not start" >&2; exit 1; fi
+        sleep 0.1
+    done
+    SRC=0
+    timeout 60 "$OUT/exs_stream" "$2" "$(cat "$OUT/port")" "$BYTES" || SRC=$?
+    RRC=0
+    wait "$RPID" || RRC=$?
+    RPID=
+    if [ "$SRC" -ne 0 ] || [ "$RRC" -ne 0 ]; then
+        echo "FAIL: $2 -> $1 (sender $SRC, receiver $RRC)" >&2
+        exit 1
+    fi
+}
+
+run_pair recv-plain send-exs
+run_pair recv-exs send-plain
+echo "all C examples passed"
