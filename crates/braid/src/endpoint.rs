@@ -180,9 +180,9 @@ impl Endpoint {
     /// Gets the posted frames moving: small ones from this thread, large ones by the engine.
     fn push(&self, total: u64) {
         if total <= INLINE_MAX {
-            if !self.shared.flush_all() {
-            }
-            // Anything left (a full socket) continues on the socket's writable edge.
+            // Anything left (a full socket) continues on the socket's writable edge; a
+            // failed rail has already failed the endpoint.
+            self.shared.flush_all();
         } else {
             self.engine.send(Command::Kick(self.shared.id));
         }

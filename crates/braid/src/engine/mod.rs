@@ -109,15 +109,16 @@ impl EndpointShared {
                 Ok(n) => {
                     tx.off += n;
                     if tx.off >= len
-                        && let Some(seq) = tx.cur.take().and_then(|t| t.read_response) {
-                            let mut s = self.session.lock();
-                            s.transmitted(seq);
-                            if s.rx_retry_pending() {
-                                // A request waited for this read response; the engine resumes it.
-                                drop(s);
-                                self.kicker.kick(self.id);
-                            }
+                        && let Some(seq) = tx.cur.take().and_then(|t| t.read_response)
+                    {
+                        let mut s = self.session.lock();
+                        s.transmitted(seq);
+                        if s.rx_retry_pending() {
+                            // A request waited for this read response; the engine resumes it.
+                            drop(s);
+                            self.kicker.kick(self.id);
                         }
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Flush::Blocked),
                 Err(e) => return Err(e),

@@ -555,7 +555,8 @@ impl Session {
                     (CompletionKind::Send, Opcode::Send, local, imm);
             }
         }
-        if matches!(op.opcode, Opcode::FetchAdd | Opcode::CompareSwap) && !op.addr.is_multiple_of(8) {
+        if matches!(op.opcode, Opcode::FetchAdd | Opcode::CompareSwap) && !op.addr.is_multiple_of(8)
+        {
             return Err(PostError::Invalid(format!(
                 "atomic target offset {} is not 8-byte aligned",
                 op.addr

@@ -1,0 +1,166 @@
+//! Two OS processes: the test binary re-runs itself as the server (an ignored test that
+//! only acts when an environment variable says so).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use braid::{Access, Context, EndpointOptions, RailAddr, RemoteKey, Status};
+use common::*;
+
+const ROLE: &str = "BRAID_TEST_CHILD_SERVER";
+const RAILS: usize = 4;
+
+/// The server process: listens on 4 rails, sends its region's key, then serves one-sided
+/// operations until the client closes (or a bounded time passes).
+#[test]
+#[ignore = "runs only as the child process of the two-process tests"]
+fn child_server() {
+    if std::env::var(ROLE).is_err() {
+        return;
+    }
+    let ctx = Context::new().unwrap();
+    let cq = ctx.create_cq(64);
+    let addrs: Vec<SocketAddr> = (0..RAILS).map(|i| SocketAddr::new(rail_ip(i), 0)).collect();
+    let l = ctx.listen(&addrs).unwrap();
+    let ports: Vec<String> = l.local_addrs().iter().map(|a| a.to_string()).collect();
+    println!("LISTEN {}", ports.join(","));
+    let ep = l.accept(&EndpointOptions::new(&cq), WAIT).unwrap();
+    let region = ctx.alloc_region(256 << 20, Access::all()).unwrap();
+    let msg = ctx.alloc_region(4096, Access::all()).unwrap();
+    msg.write_at(0, &region.remote_key().to_bytes()).unwrap();
+    ep.send(1, &[msg.slice(0, RemoteKey::BYTES).unwrap()])
+        .unwrap();
+    ep.post_recv(2, &[msg.slice(0, 16).unwrap()]).unwrap();
+    // Serve until the client closes or says goodbye; the engine does the work.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        if let Some(c) = cq.wait(Duration::from_millis(200))
+            && c.wr_id == 2
+        {
+            break;
+        }
+    }
+}
+
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_server() -> (ChildGuard, Vec<SocketAddr>) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args([
+            "--ignored",
+            "--exact",
+            "child_server",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let guard = ChildGuard(child);
+    let mut lines = BufReader::new(out).lines();
+    let addrs = loop {
+        let line = lines
+            .next()
+            .expect("child exited before listening")
+            .unwrap();
+        // libtest may print "test child_server ... " before our line.
+        if let Some(at) = line.find("LISTEN ") {
+            break line[at + 7..]
+                .split(',')
+                .map(|a| a.parse().unwrap())
+                .collect::<Vec<SocketAddr>>();
+        }
+    };
+    (guard, addrs)
+}
+
+fn connect(
+    ctx: &Context,
+    cq: &braid::CompletionQueue,
+    addrs: &[SocketAddr],
+) -> (braid::Endpoint, RemoteKey) {
+    let rails: Vec<RailAddr> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| RailAddr::new(Some(rail_ip(i)), *a))
+        .collect();
+    let ep = ctx.connect(&rails, &EndpointOptions::new(cq)).unwrap();
+    let msg = ctx.alloc_region(4096, Access::all()).unwrap();
+    ep.post_recv(100, &[msg.slice(0, 64).unwrap()]).unwrap();
+    let c = expect_ok(cq, 100);
+    let key = RemoteKey::from_bytes(&msg.to_vec(0, c.byte_len as usize).unwrap()).unwrap();
+    (ep, key)
+}
+
+#[test]
+fn two_processes_write_and_read() {
+    let (_child, addrs) = spawn_server();
+    let ctx = Context::new().unwrap();
+    let cq = ctx.create_cq(256);
+    let (ep, key) = connect(&ctx, &cq, &addrs);
+    let src = ctx.alloc_region(32 << 20, Access::all()).unwrap();
+    let dst = ctx.alloc_region(32 << 20, Access::all()).unwrap();
+    let data = pattern(3, 32 << 20);
+    src.write_at(0, &data).unwrap();
+    ep.write(1, &[src.as_sge()], &key, 4096).unwrap();
+    ep.read(2, &[dst.as_sge()], &key, 4096).unwrap();
+    expect_ok(&cq, 1);
+    expect_ok(&cq, 2);
+    assert!(dst.to_vec(0, 32 << 20).unwrap() == data);
+    ep.fetch_add(3, &key, 0, 5).unwrap();
+    // The server's region starts zeroed; the write above began at offset 4096.
+    assert_eq!(expect_ok(&cq, 3).value, Some(0));
+    let bye = ctx.alloc_region(16, Access::all()).unwrap();
+    ep.send(4, &[bye.as_sge()]).unwrap();
+    expect_ok(&cq, 4);
+}
+
+#[test]
+fn killed_peer_gives_error_completions_in_bounded_time() {
+    let (mut child, addrs) = spawn_server();
+    let ctx = Context::new().unwrap();
+    let cq = ctx.create_cq(256);
+    let (ep, key) = connect(&ctx, &cq, &addrs);
+    let src = ctx.alloc_region(64 << 20, Access::all()).unwrap();
+    const N: u64 = 64;
+    for i in 0..N {
+        ep.write(i, &[src.as_sge()], &key, 0).unwrap();
+    }
+    // Let some of it flow, then kill the server process mid-transfer.
+    let first = next(&cq);
+    assert_eq!(first.status, Status::Success);
+    let killed_at = Instant::now();
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let mut errors = 0;
+    for _ in 1..N {
+        let c = next(&cq);
+        if c.status != Status::Success {
+            assert_eq!(c.status, Status::TransportError, "{c:?}");
+            errors += 1;
+        }
+    }
+    assert!(errors > 0, "the kill happened mid-transfer");
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(10),
+        "errors took {:?}",
+        killed_at.elapsed()
+    );
+    assert!(ep.is_closed());
+    assert!(ep.write(999, &[src.as_sge()], &key, 0).is_err());
+}
