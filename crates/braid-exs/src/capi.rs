@@ -1,5 +1,5 @@
 //! The `extern "C"` functions of `include/sys/exs.h`. Each checks its arguments, calls the
-//! front in [`crate::core`], and maps errors to `-1` with `errno`. No panic crosses the
+//! front (the `core` module), and maps errors to `-1` with `errno`. No panic crosses the
 //! boundary: every body runs under `catch_unwind` (a panic is reported as `EIO`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

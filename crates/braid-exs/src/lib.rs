@@ -31,9 +31,24 @@
 //!
 //! Registered memory fills an io_uring fixed-buffer slot, so `SEND_ZC` needs no per-send
 //! pinning. Whether zero-copy is used is the threshold [`set_zerocopy_min`] (environment
-//! `BRAID_EXS_ZC_MIN`; 0 = off, the default): on loopback the receiver has to copy
-//! zero-copy pages anyway and the notification costs a second completion, so it measured
-//! slower there (see `docs` in the report and `examples/exs_bench.rs`).
+//! `BRAID_EXS_ZC_MIN`; 0 = off, the default). On loopback the receiver copies zero-copy
+//! pages anyway and each send costs a second (notification) completion, so it measured
+//! slower: 1 MiB sends 0.87 of `send()` with zero-copy against 1.04 without; 64 KiB sends
+//! 0.49 against 0.87 (`examples/exs_bench.rs`, same run, alternating rounds). Re-measure on a
+//! real NIC before turning it on.
+//!
+//! ## Throughput (loopback, 2 shared cores, noisy)
+//!
+//! `cargo run --release -p braid-exs --example exs_bench -- --size N --seconds 2 --rounds 3`:
+//! exs/`send()` throughput ratio 1.04–1.09 at 1 MiB, 1.06 at 128 KiB, 1.31 at 256 KiB,
+//! 1.34 at 4 MiB, but 0.85–0.87 at 64 KiB, where the per-operation hand-off to the progress
+//! thread and one-send-in-flight-per-socket dominate (batching queued sends of a socket into
+//! one `sendmsg` is the next step).
+//!
+//! ## Limits
+//!
+//! Operations on a socket whose descriptor was closed while they were outstanding keep the
+//! socket open until they complete: `shutdown()` first. `exs_cancel` returns `ENOSYS`.
 
 #![warn(missing_docs)]
 
