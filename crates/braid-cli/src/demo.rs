@@ -460,7 +460,7 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
             }
             Err(e) => {
                 let msg = format!("{e:#}");
-                tracing::warn!("{mode} {k} rails {size} B: {msg}");
+                tracing::debug!("{mode} {k} rails {size} B: {msg}");
                 if mode == "rma" && (msg.contains("before listening") || msg.contains("not built"))
                 {
                     rma_missing = Some(msg.clone());
