@@ -344,6 +344,15 @@ impl Runner<'_> {
     }
 }
 
+/// Removes the scratch directory on every exit path (error, Ctrl-C).
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Runs the demo and prints the table.
 pub fn run(opts: &DemoOpts) -> Result<Report> {
     install_signal_flag();
@@ -354,6 +363,7 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
     let exe = std::env::current_exe().context("finding the braid executable")?;
     let dir = std::env::temp_dir().join(format!("braid-demo-{}", std::process::id()));
     fs::create_dir_all(&dir)?;
+    let _dir_guard = RemoveDir(dir.clone());
     let env = if opts.loopback {
         println!(
             "running on loopback rails 127.0.0.1..{n} (--loopback): unshaped; efficiency is relative to {n} x the 1-stream TCP goodput"
@@ -478,7 +488,6 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
         let removed = tb.down()?;
         tracing::info!(?removed, "testbed removed");
     }
-    let _ = fs::remove_dir_all(&dir);
     let mut report = Report {
         testbed: testbed_kind.into(),
         efficiency_basis: if shaped {
