@@ -86,6 +86,8 @@ fn spawn_server() -> (ChildGuard, Vec<SocketAddr>) {
                 .collect::<Vec<SocketAddr>>();
         }
     };
+    // Keep draining the child's output so that its last lines do not hit a closed pipe.
+    std::thread::spawn(move || lines.for_each(drop));
     (guard, addrs)
 }
 
@@ -94,12 +96,21 @@ fn connect(
     cq: &braid::CompletionQueue,
     addrs: &[SocketAddr],
 ) -> (braid::Endpoint, RemoteKey) {
+    connect_with(ctx, cq, addrs, EndpointOptions::new(cq))
+}
+
+fn connect_with(
+    ctx: &Context,
+    cq: &braid::CompletionQueue,
+    addrs: &[SocketAddr],
+    opts: EndpointOptions,
+) -> (braid::Endpoint, RemoteKey) {
     let rails: Vec<RailAddr> = addrs
         .iter()
         .enumerate()
         .map(|(i, a)| RailAddr::new(Some(rail_ip(i)), *a))
         .collect();
-    let ep = ctx.connect(&rails, &EndpointOptions::new(cq)).unwrap();
+    let ep = ctx.connect(&rails, &opts).unwrap();
     let msg = ctx.alloc_region(4096, Access::all()).unwrap();
     ep.post_recv(100, &[msg.slice(0, 64).unwrap()]).unwrap();
     let c = expect_ok(cq, 100);
@@ -163,4 +174,44 @@ fn killed_peer_gives_error_completions_in_bounded_time() {
     );
     assert!(ep.is_closed());
     assert!(ep.write(999, &[src.as_sge()], &key, 0).is_err());
+}
+
+#[test]
+fn silent_peer_is_detected_within_the_configured_timeout() {
+    let (child, addrs) = spawn_server();
+    let ctx = Context::new().unwrap();
+    let cq = ctx.create_cq(256);
+    let mut opts = EndpointOptions::new(&cq);
+    opts.session.peer_timeout = Duration::from_millis(800);
+    let (ep, key) = connect_with(&ctx, &cq, &addrs, opts);
+    let src = ctx.alloc_region(1 << 20, Access::all()).unwrap();
+    ep.write(1, &[src.as_sge()], &key, 0).unwrap();
+    expect_ok(&cq, 1);
+    // Freeze the peer: its sockets stay open, but nothing (not even keepalives) comes back.
+    let pid = child.0.id() as i32;
+    // SAFETY: signalling a child process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let stopped_at = Instant::now();
+    for i in 0..8 {
+        ep.write(10 + i, &[src.as_sge()], &key, 0).unwrap();
+    }
+    // kill() returns before every thread of the child has stopped: the first writes may
+    // still be served. The rest must fail, and only after the peer timeout.
+    let mut failed = 0;
+    for _ in 0..8 {
+        let c = next(&cq);
+        if c.status != Status::Success {
+            assert_eq!(c.status, Status::TransportError, "{c:?}");
+            failed += 1;
+        }
+    }
+    assert!(failed > 0);
+    let took = stopped_at.elapsed();
+    // SAFETY: as above; let the child run so that the guard can end it.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert!(
+        took >= Duration::from_millis(700),
+        "detected after {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "detected after {took:?}");
 }

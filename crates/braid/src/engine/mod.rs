@@ -26,6 +26,8 @@ use crate::proto::{Placement, RxAction, Session, Transmit};
 use crate::wire::{FrameHeader, HEADER_LEN};
 
 const WAKER: Token = Token(usize::MAX);
+/// Period of keepalive and dead-peer checks.
+const TICK: std::time::Duration = std::time::Duration::from_millis(100);
 /// Receive buffer for headers and small payloads; larger payloads bypass it.
 const RX_BUF: usize = 1024;
 /// After a payload at least this large, read the next header exactly, so that the bulk of
@@ -246,6 +248,10 @@ impl RxRail {
                         Ok(0) => return self.die("peer closed the connection"),
                         Ok(n) if done + n >= len => self.payload_done(len),
                         Ok(n) => {
+                            self.ep
+                                .session
+                                .lock()
+                                .on_rx_progress(self.rail, Instant::now());
                             self.state = RxState::Payload {
                                 place,
                                 len,
@@ -459,8 +465,10 @@ impl EngineLoop {
 
     fn run(mut self) {
         let mut events = Events::with_capacity(256);
+        let mut next_tick = Instant::now() + TICK;
         loop {
-            if let Err(e) = self.poll.poll(&mut events, None) {
+            let timeout = next_tick.saturating_duration_since(Instant::now());
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
@@ -501,6 +509,11 @@ impl EngineLoop {
                     }
                 }
             }
+            let now = Instant::now();
+            if now >= next_tick {
+                next_tick = now + TICK;
+                touched.extend(self.tick(now));
+            }
             touched.sort_unstable();
             touched.dedup();
             for id in touched {
@@ -508,6 +521,24 @@ impl EngineLoop {
             }
             self.reap();
         }
+    }
+
+    /// Keepalives and dead-peer detection for every endpoint; returns those with frames to send.
+    fn tick(&mut self, now: Instant) -> Vec<u64> {
+        let mut touched = Vec::new();
+        for (id, (ep, _)) in &self.endpoints {
+            let dead = ep.session.lock().on_tick(now);
+            if dead != 0 {
+                let rail = dead.trailing_zeros() as usize;
+                let t = ep.session.lock().config().peer_timeout;
+                ep.fail_rail(
+                    rail,
+                    &format!("nothing received for {t:?}: peer or link is gone"),
+                );
+            }
+            touched.push(*id);
+        }
+        touched
     }
 
     fn add(&mut self, ep: Arc<EndpointShared>) {

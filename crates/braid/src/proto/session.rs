@@ -53,6 +53,11 @@ pub struct SessionConfig {
     /// Unacknowledged received bytes on a rail after which an explicit acknowledgement
     /// is sent (otherwise acknowledgements ride on other frames).
     pub ack_threshold: u64,
+    /// A rail that has sent nothing for this long sends a keepalive.
+    pub keepalive_interval: Duration,
+    /// A rail that has received nothing for this long (while not stalled by braid itself)
+    /// is declared dead: the peer crashed, hangs, or the link is gone.
+    pub peer_timeout: Duration,
 }
 
 impl Default for SessionConfig {
@@ -66,6 +71,8 @@ impl Default for SessionConfig {
             max_window: 32 << 20,
             target_delay: Duration::from_millis(4),
             ack_threshold: 128 << 10,
+            keepalive_interval: Duration::from_millis(250),
+            peer_timeout: Duration::from_secs(3),
         }
     }
 }
@@ -291,6 +298,9 @@ struct RailState {
     rate: RateEstimator,
     stalled: bool,
     rx_pending: Option<RxPending>,
+    /// When the rail last received a frame / handed out a frame (set on the first tick).
+    last_rx: Option<Instant>,
+    last_tx: Option<Instant>,
 }
 
 impl RailState {
@@ -306,6 +316,8 @@ impl RailState {
             rate: RateEstimator::default(),
             stalled: false,
             rx_pending: None,
+            last_rx: None,
+            last_tx: None,
         }
     }
 
@@ -633,7 +645,6 @@ impl Session {
         if !self.rails[rail].alive {
             return None;
         }
-        let _ = now;
         let (mut hdr, payload, keep) = if let Some(h) = self.rails[rail].ctrl.pop_front() {
             (h, Vec::new(), None)
         } else if (!self.tx_req.is_empty() || !self.tx_resp.is_empty()) && self.data_allowed(rail) {
@@ -648,6 +659,7 @@ impl Session {
             return None;
         };
         let r = &mut self.rails[rail];
+        r.last_tx = Some(now);
         hdr.rail_ack = r.rx_bytes;
         r.rx_advertised = r.rx_bytes;
         let len = HEADER_LEN as u64 + hdr.payload_len as u64;
@@ -773,6 +785,7 @@ impl Session {
         {
             let limit = self.window(rail);
             let r = &mut self.rails[rail];
+            r.last_rx = Some(now);
             if h.rail_ack > r.tx_bytes {
                 return Err(ProtocolError::BadAck {
                     ack: h.rail_ack,
@@ -1118,6 +1131,42 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Timer work; the driver calls it every few hundred milliseconds or less. Queues
+    /// keepalives on rails that have been quiet, and returns the rails (a bit per rail) that
+    /// received nothing for [`SessionConfig::peer_timeout`]: the driver fails them.
+    pub fn on_tick(&mut self, now: Instant) -> u64 {
+        let mut dead = 0;
+        if self.failed.is_some() {
+            return 0;
+        }
+        for (i, r) in self.rails.iter_mut().enumerate() {
+            if !r.alive {
+                continue;
+            }
+            let last_rx = *r.last_rx.get_or_insert(now);
+            let last_tx = *r.last_tx.get_or_insert(now);
+            // A rail braid itself stopped reading is not silent: its bytes wait in the kernel.
+            if !r.stalled
+                && r.rx_pending.is_none()
+                && now.saturating_duration_since(last_rx) >= self.cfg.peer_timeout
+            {
+                dead |= 1 << i;
+            }
+            if now.saturating_duration_since(last_tx) >= self.cfg.keepalive_interval
+                && r.ctrl.is_empty()
+            {
+                r.ctrl.push_back(FrameHeader::new(Opcode::RailAck));
+            }
+        }
+        dead
+    }
+
+    /// Notes that payload bytes are arriving on `rail` (a large chunk on a slow rail takes
+    /// a while; the rail is not silent).
+    pub fn on_rx_progress(&mut self, rail: usize, now: Instant) {
+        self.rails[rail].last_rx = Some(now);
     }
 
     /// Rails that were stalled and may now proceed (a bit per rail); clears the set.
