@@ -19,8 +19,11 @@ use crate::error::Error;
 use crate::mem::registry::random_u64;
 use crate::mem::{Access, Region, RegionOptions, Registry};
 use crate::proto::Session;
-use crate::wire::handshake::{HANDSHAKE_LEN, HANDSHAKE_VERSION, MAX_RAILS};
-use crate::wire::{HandshakeStatus, Hello, HelloReply};
+use crate::wire::handshake::{
+    AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, MAC_LEN, MAX_RAILS, NONCE_LEN, auth_mac,
+    caps, mac_eq,
+};
+use crate::wire::{HandshakeError, HandshakeStatus, Hello, HelloReply};
 
 static NEXT_ENDPOINT: AtomicU64 = AtomicU64::new(1);
 
@@ -29,9 +32,68 @@ const ACCEPT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A session whose rails do not all arrive within this time is dropped.
 const PENDING_SESSION_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Environment variable holding the cluster secret itself.
+pub const SECRET_ENV: &str = "BRAID_SECRET";
+/// Environment variable naming a file that holds the cluster secret.
+pub const SECRET_FILE_ENV: &str = "BRAID_SECRET_FILE";
+
+/// Settings of a [`Context`].
+#[derive(Clone, Default)]
+pub struct ContextConfig {
+    /// The cluster secret. When set, every rail handshake, in both directions, must prove
+    /// knowledge of it (HMAC-SHA256 challenge-response); peers that cannot are refused before
+    /// any frame is read. See `docs/SECURITY.md`.
+    pub secret: Option<Vec<u8>>,
+    /// Most bytes that may be registered at once in this context; `None` for no limit.
+    pub max_registered_bytes: Option<u64>,
+}
+
+impl std::fmt::Debug for ContextConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContextConfig")
+            .field("secret", &self.secret.as_ref().map(|_| "<set>"))
+            .field("max_registered_bytes", &self.max_registered_bytes)
+            .finish()
+    }
+}
+
+impl ContextConfig {
+    /// Defaults, with the secret taken from `BRAID_SECRET`, or from the file named by
+    /// `BRAID_SECRET_FILE` (trailing newline removed), if either is set.
+    pub fn from_env() -> Result<ContextConfig, Error> {
+        let secret = if let Some(s) = std::env::var_os(SECRET_ENV) {
+            Some(s.into_encoded_bytes())
+        } else if let Some(path) = std::env::var_os(SECRET_FILE_ENV) {
+            let mut b = std::fs::read(&path).map_err(|e| {
+                Error::Io(std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "reading the cluster secret from {}: {e}",
+                        path.to_string_lossy()
+                    ),
+                ))
+            })?;
+            while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+                b.pop();
+            }
+            Some(b)
+        } else {
+            None
+        };
+        if secret.as_ref().is_some_and(|s| s.is_empty()) {
+            return Err(Error::InvalidArgument("the cluster secret is empty".into()));
+        }
+        Ok(ContextConfig {
+            secret,
+            max_registered_bytes: None,
+        })
+    }
+}
+
 struct ContextInner {
     registry: Arc<Registry>,
     engine: Arc<Engine>,
+    secret: Option<Arc<[u8]>>,
 }
 
 /// braid's per-process state: the registry of regions and the progress engine thread that
@@ -51,13 +113,19 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// Starts a context and its progress engine.
+    /// Starts a context and its progress engine, configured by [`ContextConfig::from_env`].
     pub fn new() -> Result<Context, Error> {
+        Context::with_config(ContextConfig::from_env()?)
+    }
+
+    /// Starts a context with explicit settings.
+    pub fn with_config(cfg: ContextConfig) -> Result<Context, Error> {
         let engine = Engine::start("braid-progress".into())?;
         Ok(Context {
             inner: Arc::new(ContextInner {
-                registry: Arc::new(Registry::default()),
+                registry: Arc::new(Registry::with_limit(cfg.max_registered_bytes)),
                 engine: Arc::new(engine),
+                secret: cfg.secret.map(Arc::from),
             }),
         })
     }
@@ -141,22 +209,27 @@ impl Context {
         }
         let session_id = random_u64();
         let mut streams = Vec::new();
+        let mut crc = opts.session.payload_crc;
         for (i, r) in rails.iter().enumerate() {
-            streams.push(connect_rail(
+            let (stream, peer_caps) = connect_rail(
                 r,
                 i as u16,
                 rails.len() as u16,
                 session_id,
                 opts,
-            )?);
+                self.inner.secret.as_deref(),
+            )?;
+            crc = peer_caps & caps::PAYLOAD_CRC32C != 0;
+            streams.push(stream);
         }
-        self.start_endpoint(streams, opts)
+        self.start_endpoint(streams, opts, crc)
     }
 
     fn start_endpoint(
         &self,
         streams: Vec<TcpStream>,
         opts: &EndpointOptions,
+        crc: bool,
     ) -> Result<Endpoint, Error> {
         let mut addrs = Vec::new();
         for s in &streams {
@@ -165,12 +238,9 @@ impl Context {
             addrs.push((s.local_addr()?, s.peer_addr()?));
         }
         let id = NEXT_ENDPOINT.fetch_add(1, Ordering::Relaxed);
-        let session = Session::new(
-            opts.session.clone(),
-            self.inner.registry.clone(),
-            streams.len(),
-            id,
-        );
+        let mut cfg = opts.session.clone();
+        cfg.payload_crc = crc;
+        let session = Session::new(cfg, self.inner.registry.clone(), streams.len(), id);
         let shared = Arc::new(EndpointShared {
             id,
             peer: addrs[0].1.to_string(),
@@ -191,13 +261,23 @@ impl Context {
     }
 }
 
+fn nonce() -> [u8; NONCE_LEN] {
+    let mut n = [0u8; NONCE_LEN];
+    n[..8].copy_from_slice(&random_u64().to_le_bytes());
+    n[8..].copy_from_slice(&random_u64().to_le_bytes());
+    n
+}
+
+/// Connects one rail and runs the connecting side of its handshake; returns the stream and
+/// the capabilities the accepting side granted.
 fn connect_rail(
     r: &RailAddr,
     index: u16,
     count: u16,
     session_id: u64,
     opts: &EndpointOptions,
-) -> Result<TcpStream, Error> {
+    secret: Option<&[u8]>,
+) -> Result<(TcpStream, u32), Error> {
     let s = Socket::new(Domain::for_address(r.remote), Type::STREAM, None)?;
     if let Some(local) = r.local {
         s.bind(&local.into()).map_err(|e| {
@@ -218,30 +298,59 @@ fn connect_rail(
     let mut stream: TcpStream = s.into();
     stream.set_read_timeout(Some(opts.connect_timeout))?;
     stream.set_write_timeout(Some(opts.connect_timeout))?;
+    let mut capabilities = 0;
+    if opts.session.payload_crc {
+        capabilities |= caps::PAYLOAD_CRC32C;
+    }
+    if secret.is_some() {
+        capabilities |= caps::AUTH;
+    }
     let hello = Hello {
         version: HANDSHAKE_VERSION,
         rail_index: index,
         rail_count: count,
-        capabilities: 0,
+        capabilities,
         max_chunk: opts.session.chunk_size as u32,
         session_id,
+        nonce: nonce(),
     };
     stream.write_all(&hello.encode())?;
-    let mut buf = [0u8; HANDSHAKE_LEN];
     let peer = r.remote;
-    read_handshake(&mut stream, &mut buf).map_err(|e| match e {
-        Error::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Error::Handshake {
-            peer,
-            source: crate::wire::HandshakeError::Truncated(0),
-        },
-        e => e,
-    })?;
-    let reply = HelloReply::decode(&buf).map_err(|source| Error::Handshake { peer, source })?;
+    let mut reply = read_reply(&mut stream, peer)?;
+    let mut acceptor_nonce = None;
+    if reply.status == HandshakeStatus::AuthRequired {
+        let Some(secret) = secret else {
+            return Err(Error::Auth {
+                peer,
+                reason:
+                    "the peer requires a cluster secret and none is configured (BRAID_SECRET_FILE)"
+                        .into(),
+            });
+        };
+        let n: [u8; NONCE_LEN] = reply.auth[..NONCE_LEN].try_into().expect("16 bytes");
+        let mac = auth_mac(
+            secret,
+            AuthRole::Connector,
+            &hello.nonce,
+            &n,
+            session_id,
+            index,
+        );
+        stream.write_all(&AuthProof { mac }.encode())?;
+        acceptor_nonce = Some(n);
+        reply = read_reply(&mut stream, peer)?;
+    }
     if reply.status == HandshakeStatus::VersionUnsupported || reply.version != HANDSHAKE_VERSION {
         return Err(Error::VersionMismatch {
             peer,
             ours: HANDSHAKE_VERSION,
             theirs: reply.version,
+        });
+    }
+    if reply.status == HandshakeStatus::AuthFailed {
+        return Err(Error::Auth {
+            peer,
+            reason: "the peer refused our proof: the cluster secrets differ".into(),
         });
     }
     if reply.status != HandshakeStatus::Accepted {
@@ -254,12 +363,44 @@ fn connect_rail(
     if reply.session_id != session_id || reply.rail_index != index {
         return Err(Error::Handshake {
             peer,
-            source: crate::wire::HandshakeError::Reserved,
+            source: HandshakeError::Reserved,
         });
+    }
+    if let Some(secret) = secret {
+        // The accepting side must prove the secret too, or we would hand our data to anyone.
+        let ok = acceptor_nonce.is_some_and(|n| {
+            let want = auth_mac(
+                secret,
+                AuthRole::Acceptor,
+                &hello.nonce,
+                &n,
+                session_id,
+                index,
+            );
+            mac_eq(&want, &reply.auth)
+        });
+        if !ok {
+            return Err(Error::Auth {
+                peer,
+                reason: "the peer did not prove knowledge of the cluster secret".into(),
+            });
+        }
     }
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
-    Ok(stream)
+    Ok((stream, reply.capabilities))
+}
+
+fn read_reply(stream: &mut TcpStream, peer: SocketAddr) -> Result<HelloReply, Error> {
+    let mut buf = [0u8; HANDSHAKE_LEN];
+    read_handshake(stream, &mut buf).map_err(|e| match e {
+        Error::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Error::Handshake {
+            peer,
+            source: HandshakeError::Truncated(0),
+        },
+        e => e,
+    })?;
+    HelloReply::decode(&buf).map_err(|source| Error::Handshake { peer, source })
 }
 
 fn read_handshake(stream: &mut TcpStream, buf: &mut [u8; HANDSHAKE_LEN]) -> Result<(), Error> {
@@ -357,8 +498,8 @@ impl Listener {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                     Err(e) => return Err(e.into()),
                 };
-                match self.handshake(stream, from) {
-                    Ok(Some(streams)) => return self.ctx.start_endpoint(streams, opts),
+                match self.handshake(stream, from, opts) {
+                    Ok(Some((streams, crc))) => return self.ctx.start_endpoint(streams, opts, crc),
                     Ok(None) => {}
                     Err(e) => tracing::warn!(peer = %from, "refused a rail: {e}"),
                 }
@@ -372,7 +513,8 @@ impl Listener {
         &self,
         mut stream: TcpStream,
         from: SocketAddr,
-    ) -> Result<Option<Vec<TcpStream>>, Error> {
+        opts: &EndpointOptions,
+    ) -> Result<Option<(Vec<TcpStream>, bool)>, Error> {
         stream.set_nonblocking(false)?;
         stream.set_read_timeout(Some(ACCEPT_HANDSHAKE_TIMEOUT))?;
         stream.set_write_timeout(Some(ACCEPT_HANDSHAKE_TIMEOUT))?;
@@ -380,14 +522,16 @@ impl Listener {
         read_handshake(&mut stream, &mut buf)?;
         let hello =
             Hello::decode(&buf).map_err(|source| Error::Handshake { peer: from, source })?;
+        let crc = opts.session.payload_crc || hello.capabilities & caps::PAYLOAD_CRC32C != 0;
         let mut reply = HelloReply {
             version: HANDSHAKE_VERSION,
             rail_index: hello.rail_index,
             rail_count: hello.rail_count,
             status: HandshakeStatus::Accepted,
-            capabilities: 0,
-            max_chunk: hello.max_chunk,
+            capabilities: if crc { caps::PAYLOAD_CRC32C } else { 0 },
+            max_chunk: opts.session.chunk_size as u32,
             session_id: hello.session_id,
+            auth: [0; MAC_LEN],
         };
         let refuse = |mut stream: TcpStream, mut reply: HelloReply, status| {
             reply.status = status;
@@ -413,6 +557,46 @@ impl Listener {
                 status,
             });
         }
+        if let Some(secret) = self.ctx.inner.secret.as_deref() {
+            // Challenge: the connecting side must prove the secret over our fresh nonce
+            // before it gets anywhere near an endpoint.
+            let n = nonce();
+            let mut challenge = reply;
+            challenge.status = HandshakeStatus::AuthRequired;
+            challenge.auth[..NONCE_LEN].copy_from_slice(&n);
+            stream.write_all(&challenge.encode())?;
+            let mut buf = [0u8; HANDSHAKE_LEN];
+            let proof = read_handshake(&mut stream, &mut buf).and_then(|()| {
+                AuthProof::decode(&buf).map_err(|source| Error::Handshake { peer: from, source })
+            });
+            let want = auth_mac(
+                secret,
+                AuthRole::Connector,
+                &hello.nonce,
+                &n,
+                hello.session_id,
+                hello.rail_index,
+            );
+            match proof {
+                Ok(p) if mac_eq(&p.mac, &want) => {}
+                other => {
+                    refuse(stream, reply, HandshakeStatus::AuthFailed);
+                    let reason = match other {
+                        Ok(_) => "wrong proof: the cluster secrets differ".to_string(),
+                        Err(e) => format!("no valid proof: {e}"),
+                    };
+                    return Err(Error::Auth { peer: from, reason });
+                }
+            }
+            reply.auth = auth_mac(
+                secret,
+                AuthRole::Acceptor,
+                &hello.nonce,
+                &n,
+                hello.session_id,
+                hello.rail_index,
+            );
+        }
         let mut pending = self.pending.lock();
         let p = pending
             .entry(hello.session_id)
@@ -437,12 +621,13 @@ impl Listener {
         p.rails[idx] = Some(stream);
         if p.rails.iter().all(Option::is_some) {
             let p = pending.remove(&hello.session_id).expect("present");
-            return Ok(Some(
+            return Ok(Some((
                 p.rails
                     .into_iter()
                     .map(|s| s.expect("all present"))
                     .collect(),
-            ));
+                crc,
+            )));
         }
         Ok(None)
     }

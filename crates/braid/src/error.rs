@@ -79,6 +79,14 @@ pub enum Error {
         /// The reason it gave.
         status: HandshakeStatus,
     },
+    /// Authentication with the cluster secret failed.
+    #[error("authentication with {peer} failed: {reason}")]
+    Auth {
+        /// The peer.
+        peer: SocketAddr,
+        /// Why.
+        reason: String,
+    },
     /// A bounded wait ran out.
     #[error("timed out: {0}")]
     Timeout(String),

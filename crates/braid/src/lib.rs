@@ -43,7 +43,7 @@ pub mod mem;
 pub mod proto;
 pub mod wire;
 
-pub use context::{Context, Listener};
+pub use context::{Context, ContextConfig, Listener, SECRET_ENV, SECRET_FILE_ENV};
 pub use cq::{CompletionQueue, NextCompletion};
 pub use endpoint::{Endpoint, EndpointOptions, RailAddr};
 pub use error::{Completion, CompletionKind, Error, Status};

@@ -73,6 +73,7 @@ fn client_gets_version_mismatch() {
             capabilities: 0,
             max_chunk: 0,
             session_id: h.session_id,
+            auth: [0; 32],
         };
         s.write_all(&r.encode()).unwrap();
     });
@@ -123,6 +124,7 @@ fn server_refuses_foreign_version_and_garbage_then_still_accepts() {
         capabilities: 0,
         max_chunk: 0,
         session_id: 5,
+        nonce: [1; 16],
     };
     s.write_all(&h.encode()).unwrap();
     let mut b = [0u8; HANDSHAKE_LEN];

@@ -351,9 +351,13 @@ impl RxRail {
 
     fn payload_done(&mut self, _len: usize) {
         let mut s = self.ep.session.lock();
-        s.payload_done(self.rail);
+        let r = s.payload_done(self.rail);
         self.ep.deliver(&mut s);
+        drop(s);
         self.state = RxState::Header;
+        if let Err(e) = r {
+            self.die(&format!("protocol error: {e}"));
+        }
     }
 
     fn die(&mut self, why: &str) -> RxStep {

@@ -223,6 +223,7 @@ struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.registry.remove(self.inner.key);
+        self.registry.uncharge(self.inner.len as u64);
         if matches!(self.inner.backing, Backing::Borrowed) {
             // The caller may free the memory as soon as we return: wait for remote operations
             // still placing data. They end when their transfer ends or their endpoint fails.
@@ -290,6 +291,7 @@ impl Region {
         let map_len = len
             .checked_next_multiple_of(page)
             .ok_or_else(|| Error::InvalidArgument(format!("region length {len} too large")))?;
+        registry.charge(len as u64)?;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         if opts.huge_pages {
             flags |= libc::MAP_HUGETLB;
@@ -306,6 +308,7 @@ impl Region {
             )
         };
         if ptr == libc::MAP_FAILED {
+            registry.uncharge(len as u64);
             return Err(Error::Io(std::io::Error::last_os_error()));
         }
         Ok(Self::install(
@@ -330,6 +333,7 @@ impl Region {
                 "null or empty memory cannot be registered".into(),
             ));
         }
+        registry.charge(len as u64)?;
         Ok(Self::install(registry, ptr, len, access, Backing::Borrowed))
     }
 

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -14,9 +14,42 @@ use crate::wire::WireStatus;
 pub struct Registry {
     map: RwLock<HashMap<u64, Arc<RegionInner>>>,
     generation: AtomicU16,
+    limit: Option<u64>,
+    used: AtomicU64,
 }
 
 impl Registry {
+    /// A registry refusing registrations beyond `limit` bytes in total.
+    pub fn with_limit(limit: Option<u64>) -> Registry {
+        Registry {
+            limit,
+            ..Registry::default()
+        }
+    }
+
+    /// Bytes registered now.
+    pub fn registered_bytes(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Takes `len` bytes of the limit, or says it is reached.
+    pub(crate) fn charge(&self, len: u64) -> Result<(), crate::Error> {
+        let limit = self.limit.unwrap_or(u64::MAX);
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(len).filter(|n| *n <= limit)
+            })
+            .map(|_| ())
+            .map_err(|_| crate::Error::QueueFull {
+                what: "registered bytes",
+                limit: limit as usize,
+            })
+    }
+
+    pub(crate) fn uncharge(&self, len: u64) {
+        self.used.fetch_sub(len, Ordering::AcqRel);
+    }
+
     /// Creates the region with a fresh unguessable key and inserts it.
     pub(crate) fn insert_with(
         &self,

@@ -53,6 +53,9 @@ pub struct SessionConfig {
     /// Unacknowledged received bytes on a rail after which an explicit acknowledgement
     /// is sent (otherwise acknowledgements ride on other frames).
     pub ack_threshold: u64,
+    /// Carry a CRC32C of every frame payload, checked before the operation completes.
+    /// Negotiated at connection time: on when either side asks for it.
+    pub payload_crc: bool,
     /// A rail that has sent nothing for this long sends a keepalive.
     pub keepalive_interval: Duration,
     /// A rail that has received nothing for this long (while not stalled by braid itself)
@@ -71,6 +74,7 @@ impl Default for SessionConfig {
             max_window: 32 << 20,
             target_delay: Duration::from_millis(4),
             ack_threshold: 128 << 10,
+            payload_crc: false,
             keepalive_interval: Duration::from_millis(250),
             peer_timeout: Duration::from_secs(3),
         }
@@ -125,6 +129,20 @@ pub enum ProtocolError {
     /// The peer closed the endpoint.
     #[error("the peer closed the endpoint")]
     PeerClosed,
+    /// A payload's CRC32C did not match: the data was corrupted on the way.
+    #[error(
+        "payload of {opcode:?} {seq} failed its CRC32C check (sent {sent:#010x}, got {got:#010x})"
+    )]
+    Corrupt {
+        /// Frame kind.
+        opcode: Opcode,
+        /// Its sequence number.
+        seq: u64,
+        /// CRC in the header.
+        sent: u32,
+        /// CRC of the bytes placed.
+        got: u32,
+    },
 }
 
 /// Why a post was refused; nothing was queued and no completion will come.
@@ -301,6 +319,8 @@ struct RailState {
     /// When the rail last received a frame / handed out a frame (set on the first tick).
     last_rx: Option<Instant>,
     last_tx: Option<Instant>,
+    /// With payload CRCs: the frame whose payload is being placed, and where it goes.
+    crc_check: Option<(FrameHeader, Vec<(usize, usize)>)>,
 }
 
 impl RailState {
@@ -318,6 +338,7 @@ impl RailState {
             rx_pending: None,
             last_rx: None,
             last_tx: None,
+            crc_check: None,
         }
     }
 
@@ -658,6 +679,14 @@ impl Session {
         } else {
             return None;
         };
+        if self.cfg.payload_crc && !payload.is_empty() {
+            let mut crc = 0;
+            for &(p, l) in &payload {
+                // SAFETY: the pieces point into registered memory kept alive by `keep`.
+                crc = crc32c::crc32c_append(crc, unsafe { std::slice::from_raw_parts(p, l) });
+            }
+            hdr.crc = crc;
+        }
         let r = &mut self.rails[rail];
         r.last_tx = Some(now);
         hdr.rail_ack = r.rx_bytes;
@@ -811,6 +840,14 @@ impl Session {
         } else {
             self.on_response(rail, h)?
         };
+        if let (true, RxAction::Place(p)) = (self.cfg.payload_crc, &action) {
+            let pieces = p
+                .iov
+                .iter()
+                .map(|&(ptr, len)| (ptr as usize, len))
+                .collect();
+            self.rails[rail].crc_check = Some((*h, pieces));
+        }
         if matches!(action, RxAction::Stall) {
             self.rails[rail].stalled = true;
         } else {
@@ -1100,28 +1137,49 @@ impl Session {
     }
 
     /// Reports that the payload of the last frame offered on `rail` has been placed (or
-    /// discarded) completely.
-    pub fn payload_done(&mut self, rail: usize) {
+    /// discarded) completely. With payload CRCs, a mismatch is an error and the operation
+    /// does not complete.
+    pub fn payload_done(&mut self, rail: usize) -> Result<(), ProtocolError> {
         let Some(p) = self.rails[rail].rx_pending.take() else {
             debug_assert!(false, "payload_done without a pending payload");
-            return;
+            return Ok(());
         };
+        if let Some((h, pieces)) = self.rails[rail].crc_check.take() {
+            let mut got = 0;
+            for (ptr, len) in pieces {
+                // SAFETY: the pieces are the placement this session handed out; their memory
+                // is pinned by the operation still in progress.
+                got = crc32c::crc32c_append(got, unsafe {
+                    std::slice::from_raw_parts(ptr as *const u8, len)
+                });
+            }
+            if got != h.crc {
+                return Err(ProtocolError::Corrupt {
+                    opcode: h.opcode,
+                    seq: h.seq,
+                    sent: h.crc,
+                    got,
+                });
+            }
+        }
         match p {
             RxPending::Request { len } => {
                 self.consumed(rail, len as u64);
                 if self.failed.is_some() {
-                    return;
+                    return Ok(());
                 }
-                let op = self.cur.as_mut().expect("op in execution");
-                op.received += len as u64;
-                if op.received == op.total {
-                    self.finish_target_op(rail);
+                // A pending request payload always belongs to the operation in execution.
+                if let Some(op) = self.cur.as_mut() {
+                    op.received += len as u64;
+                    if op.received == op.total {
+                        self.finish_target_op(rail);
+                    }
                 }
             }
             RxPending::ReadResponse { seq, len } => {
                 self.consumed(rail, len as u64);
                 if self.failed.is_some() {
-                    return;
+                    return Ok(());
                 }
                 if let Some(i) = self.op_index(seq) {
                     self.ops[i].received += len as u64;
@@ -1131,6 +1189,7 @@ impl Session {
                 }
             }
         }
+        Ok(())
     }
 
     /// Timer work; the driver calls it every few hundred milliseconds or less. Queues

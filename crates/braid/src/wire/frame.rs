@@ -107,6 +107,8 @@ pub struct FrameHeader {
     pub arg1: u64,
     /// Immediate data (with `FLAG_IMM`) or a [`WireStatus`] code in responses.
     pub aux: u32,
+    /// CRC32C of the payload when the endpoint negotiated it, else 0.
+    pub crc: u32,
     /// Cumulative bytes the sender of this frame has consumed from this rail.
     pub rail_ack: u64,
 }
@@ -126,9 +128,6 @@ pub enum FrameError {
     /// A flag this version does not define.
     #[error("unknown flags {0:#06x}")]
     Flags(u16),
-    /// Reserved bytes were not zero.
-    #[error("reserved header bytes are not zero")]
-    Reserved,
     /// Payload longer than [`MAX_FRAME_PAYLOAD`].
     #[error("oversized payload of {0} bytes (limit {MAX_FRAME_PAYLOAD})")]
     Oversized(u32),
@@ -173,6 +172,7 @@ impl FrameHeader {
             arg0: 0,
             arg1: 0,
             aux: 0,
+            crc: 0,
             rail_ack: 0,
         }
     }
@@ -191,9 +191,6 @@ impl FrameHeader {
         if flags & !KNOWN_FLAGS != 0 {
             return Err(FrameError::Flags(flags));
         }
-        if u32_at(b, 52) != 0 {
-            return Err(FrameError::Reserved);
-        }
         let h = FrameHeader {
             opcode,
             flags,
@@ -204,6 +201,7 @@ impl FrameHeader {
             arg0: u64_at(b, 32),
             arg1: u64_at(b, 40),
             aux: u32_at(b, 48),
+            crc: u32_at(b, 52),
             rail_ack: u64_at(b, 56),
         };
         h.validate()?;
@@ -250,6 +248,7 @@ impl FrameHeader {
         b[32..40].copy_from_slice(&self.arg0.to_le_bytes());
         b[40..48].copy_from_slice(&self.arg1.to_le_bytes());
         b[48..52].copy_from_slice(&self.aux.to_le_bytes());
+        b[52..56].copy_from_slice(&self.crc.to_le_bytes());
         b[56..64].copy_from_slice(&self.rail_ack.to_le_bytes());
         b
     }
@@ -295,6 +294,7 @@ mod tests {
             arg0: 1 << 16,
             arg1: 8192,
             aux: 42,
+            crc: 0x1234,
             rail_ack: 99,
         }
     }
@@ -321,9 +321,6 @@ mod tests {
         let mut b = good;
         b[3] = 0x80;
         assert!(matches!(FrameHeader::decode(&b), Err(FrameError::Flags(_))));
-        let mut b = good;
-        b[53] = 1;
-        assert_eq!(FrameHeader::decode(&b), Err(FrameError::Reserved));
         let mut h = sample();
         h.payload_len = MAX_FRAME_PAYLOAD + 1;
         h.arg0 = u64::MAX / 2;

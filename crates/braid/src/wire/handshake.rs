@@ -1,7 +1,11 @@
 //! The rail handshake: the first bytes on every new rail, in both directions.
 //!
 //! The connecting side sends a [`Hello`]; the accepting side answers with a [`HelloReply`]
-//! and closes the connection unless the status is [`HandshakeStatus::Accepted`].
+//! and closes the connection unless the status is [`HandshakeStatus::Accepted`] or
+//! [`HandshakeStatus::AuthRequired`]. With a cluster secret, the accepting side first
+//! answers `AuthRequired` with a fresh nonce, the connecting side proves knowledge of the
+//! secret with an [`AuthProof`], and the final `Accepted` reply carries the accepting
+//! side's own proof (see [`auth_mac`]).
 
 use thiserror::Error;
 
@@ -11,15 +15,23 @@ pub const HELLO_MAGIC: [u8; 8] = *b"BRAIDRMA";
 pub const REPLY_MAGIC: [u8; 8] = *b"BRAIDACK";
 /// Version of the handshake and frame format spoken by this build.
 pub const HANDSHAKE_VERSION: u16 = 1;
-/// Size in bytes of both handshake messages.
-pub const HANDSHAKE_LEN: usize = 40;
+/// Magic that opens an [`AuthProof`].
+pub const AUTH_MAGIC: [u8; 8] = *b"BRAIDAUT";
+/// Size in bytes of every handshake message.
+pub const HANDSHAKE_LEN: usize = 64;
+/// Size of a nonce.
+pub const NONCE_LEN: usize = 16;
+/// Size of an HMAC-SHA256 proof.
+pub const MAC_LEN: usize = 32;
 /// Most rails one endpoint may have.
 pub const MAX_RAILS: u16 = 64;
 
 /// Capability bits exchanged in the handshake; the endpoint uses the intersection.
 pub mod caps {
-    /// Reserved for payload CRC32C (not yet used by this version).
+    /// Every frame payload carries a CRC32C in the header's `crc` field.
     pub const PAYLOAD_CRC32C: u32 = 1 << 0;
+    /// The connecting side has a cluster secret and expects the accepting side to prove it.
+    pub const AUTH: u32 = 1 << 1;
 }
 
 /// Sent by the connecting side of a rail.
@@ -37,6 +49,8 @@ pub struct Hello {
     pub max_chunk: u32,
     /// Random id that joins the rails of one endpoint.
     pub session_id: u64,
+    /// Fresh random nonce of the connecting side (used when authenticating).
+    pub nonce: [u8; NONCE_LEN],
 }
 
 /// The accepting side's answer.
@@ -56,6 +70,56 @@ pub struct HelloReply {
     pub max_chunk: u32,
     /// Echo of the session id.
     pub session_id: u64,
+    /// `AuthRequired`: the accepting side's fresh nonce (first 16 bytes). `Accepted` after
+    /// authentication: the accepting side's proof. Otherwise zero.
+    pub auth: [u8; MAC_LEN],
+}
+
+/// The connecting side's answer to `AuthRequired`: magic then, at offset 32, its proof.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthProof {
+    /// HMAC-SHA256 proof (see [`auth_mac`]).
+    pub mac: [u8; MAC_LEN],
+}
+
+/// Which side a proof speaks for; part of the MAC input so that one side's proof cannot be
+/// reflected back as the other's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthRole {
+    /// The connecting side.
+    Connector,
+    /// The accepting side.
+    Acceptor,
+}
+
+/// The proof one side gives: HMAC-SHA256 over the role, both nonces, the session id and the
+/// rail index, keyed with the cluster secret. Each connection has a fresh acceptor nonce, so a
+/// recorded proof cannot be replayed.
+pub fn auth_mac(
+    secret: &[u8],
+    role: AuthRole,
+    connector_nonce: &[u8; NONCE_LEN],
+    acceptor_nonce: &[u8; NONCE_LEN],
+    session_id: u64,
+    rail_index: u16,
+) -> [u8; MAC_LEN] {
+    use hmac::{KeyInit, Mac};
+    let mut m = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret)
+        .expect("HMAC takes keys of any length");
+    m.update(match role {
+        AuthRole::Connector => b"braid-v1 connector",
+        AuthRole::Acceptor => b"braid-v1 acceptor ",
+    });
+    m.update(connector_nonce);
+    m.update(acceptor_nonce);
+    m.update(&session_id.to_le_bytes());
+    m.update(&rail_index.to_le_bytes());
+    m.finalize().into_bytes().into()
+}
+
+/// Compares two proofs in constant time.
+pub fn mac_eq(a: &[u8; MAC_LEN], b: &[u8; MAC_LEN]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Outcome of a rail handshake as reported by the accepting side.
@@ -70,6 +134,10 @@ pub enum HandshakeStatus {
     BadRail = 2,
     /// The listener is not accepting (closing, or too many pending sessions).
     Refused = 3,
+    /// The accepting side has a cluster secret: prove it (the reply carries a nonce).
+    AuthRequired = 4,
+    /// The proof was wrong or missing.
+    AuthFailed = 5,
 }
 
 impl HandshakeStatus {
@@ -79,6 +147,8 @@ impl HandshakeStatus {
             1 => HandshakeStatus::VersionUnsupported,
             2 => HandshakeStatus::BadRail,
             3 => HandshakeStatus::Refused,
+            4 => HandshakeStatus::AuthRequired,
+            5 => HandshakeStatus::AuthFailed,
             _ => return None,
         })
     }
@@ -122,9 +192,6 @@ fn get_common(b: &[u8], magic: [u8; 8]) -> Result<Common, HandshakeError> {
     if m != magic {
         return Err(HandshakeError::BadMagic(m));
     }
-    if b[32..40].iter().any(|&x| x != 0) {
-        return Err(HandshakeError::Reserved);
-    }
     let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
     Ok((
@@ -155,6 +222,7 @@ impl Hello {
                 self.session_id,
             ),
         );
+        b[32..48].copy_from_slice(&self.nonce);
         b
     }
 
@@ -163,7 +231,11 @@ impl Hello {
     pub fn decode(b: &[u8]) -> Result<Hello, HandshakeError> {
         let (version, rail_index, rail_count, _flags, capabilities, max_chunk, session_id) =
             get_common(b, HELLO_MAGIC)?;
+        if b[48..64].iter().any(|&x| x != 0) {
+            return Err(HandshakeError::Reserved);
+        }
         Ok(Hello {
+            nonce: b[32..48].try_into().expect("16 bytes"),
             version,
             rail_index,
             rail_count,
@@ -191,6 +263,7 @@ impl HelloReply {
                 self.session_id,
             ),
         );
+        b[32..64].copy_from_slice(&self.auth);
         b
     }
 
@@ -200,6 +273,7 @@ impl HelloReply {
             get_common(b, REPLY_MAGIC)?;
         let status = HandshakeStatus::from_u16(status).ok_or(HandshakeError::BadStatus(status))?;
         Ok(HelloReply {
+            auth: b[32..64].try_into().expect("32 bytes"),
             version,
             rail_index,
             rail_count,
@@ -207,6 +281,33 @@ impl HelloReply {
             capabilities,
             max_chunk,
             session_id,
+        })
+    }
+}
+
+impl AuthProof {
+    /// Encodes the proof.
+    pub fn encode(&self) -> [u8; HANDSHAKE_LEN] {
+        let mut b = [0u8; HANDSHAKE_LEN];
+        b[..8].copy_from_slice(&AUTH_MAGIC);
+        b[32..].copy_from_slice(&self.mac);
+        b
+    }
+
+    /// Decodes a proof.
+    pub fn decode(b: &[u8]) -> Result<AuthProof, HandshakeError> {
+        if b.len() < HANDSHAKE_LEN {
+            return Err(HandshakeError::Truncated(b.len()));
+        }
+        let m: [u8; 8] = b[0..8].try_into().expect("8 bytes");
+        if m != AUTH_MAGIC {
+            return Err(HandshakeError::BadMagic(m));
+        }
+        if b[8..32].iter().any(|&x| x != 0) {
+            return Err(HandshakeError::Reserved);
+        }
+        Ok(AuthProof {
+            mac: b[32..64].try_into().expect("32 bytes"),
         })
     }
 }
@@ -225,6 +326,7 @@ mod tests {
             capabilities: 0,
             max_chunk: 1 << 18,
             session_id: 0x1234_5678_9abc,
+            nonce: [7; 16],
         };
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
         let r = HelloReply {
@@ -235,14 +337,19 @@ mod tests {
             capabilities: 0,
             max_chunk: 1 << 18,
             session_id: 7,
+            auth: [9; 32],
         };
         assert_eq!(HelloReply::decode(&r.encode()), Ok(r));
+        let p = AuthProof { mac: [3; 32] };
+        assert_eq!(AuthProof::decode(&p.encode()), Ok(p));
     }
 
     #[test]
     fn refuses_foreign_bytes() {
         assert!(matches!(
-            Hello::decode(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n............"),
+            Hello::decode(
+                b"GET / HTTP/1.1\r\nHost: x\r\n\r\n..........................................."
+            ),
             Err(HandshakeError::BadMagic(_))
         ));
         assert_eq!(Hello::decode(&[0u8; 5]), Err(HandshakeError::Truncated(5)));
@@ -253,6 +360,7 @@ mod tests {
             capabilities: 0,
             max_chunk: 0,
             session_id: 1,
+            nonce: [0; 16],
         };
         // A hello is not a reply and vice versa.
         assert!(matches!(
@@ -261,11 +369,32 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn proofs_depend_on_everything() {
+        let base = auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[2; 16], 9, 0);
+        assert_eq!(
+            base,
+            auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[2; 16], 9, 0)
+        );
+        for other in [
+            auth_mac(b"secreT", AuthRole::Connector, &[1; 16], &[2; 16], 9, 0),
+            auth_mac(b"secret", AuthRole::Acceptor, &[1; 16], &[2; 16], 9, 0),
+            auth_mac(b"secret", AuthRole::Connector, &[0; 16], &[2; 16], 9, 0),
+            auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[3; 16], 9, 0),
+            auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[2; 16], 8, 0),
+            auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[2; 16], 9, 1),
+        ] {
+            assert!(!mac_eq(&base, &other));
+        }
+        assert!(mac_eq(&base, &base));
+    }
+
     proptest! {
         #[test]
-        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..48)) {
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..72)) {
             let _ = Hello::decode(&bytes);
             let _ = HelloReply::decode(&bytes);
+            let _ = AuthProof::decode(&bytes);
         }
     }
 }
