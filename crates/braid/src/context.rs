@@ -393,13 +393,34 @@ fn connect_rail(
 
 fn read_reply(stream: &mut TcpStream, peer: SocketAddr) -> Result<HelloReply, Error> {
     let mut buf = [0u8; HANDSHAKE_LEN];
-    read_handshake(stream, &mut buf).map_err(|e| match e {
-        Error::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Error::Handshake {
-            peer,
-            source: HandshakeError::Truncated(0),
-        },
-        e => e,
-    })?;
+    let mut got = 0;
+    while got < HANDSHAKE_LEN {
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => {
+                // Closed early: a peer that is not braid says so in its first bytes.
+                let source = match HelloReply::decode(&{
+                    let mut padded = [0u8; HANDSHAKE_LEN];
+                    padded[..got].copy_from_slice(&buf[..got]);
+                    padded
+                }) {
+                    Err(e @ HandshakeError::BadMagic(_)) if got >= 8 => e,
+                    _ => HandshakeError::Truncated(got),
+                };
+                return Err(Error::Handshake { peer, source });
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(Error::Timeout("waiting for the rail handshake".into()));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     HelloReply::decode(&buf).map_err(|source| Error::Handshake { peer, source })
 }
 
