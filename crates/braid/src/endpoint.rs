@@ -161,6 +161,22 @@ impl Endpoint {
         self.shared.session.lock().rail_rates()
     }
 
+    /// Shuts rail `rail`'s socket down, as a cable pull would (for failover tests).
+    #[doc(hidden)]
+    pub fn break_rail_for_test(&self, rail: usize) {
+        let _ = self.shared.rails[rail]
+            .stream
+            .shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Which rails are still in use.
+    pub fn rails_alive(&self) -> Vec<bool> {
+        let s = self.shared.session.lock();
+        (0..self.shared.rails.len())
+            .map(|r| s.rail_alive(r))
+            .collect()
+    }
+
     /// True once the endpoint is closed or failed.
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire) || self.shared.session.lock().is_failed()

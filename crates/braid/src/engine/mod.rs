@@ -94,8 +94,13 @@ impl EndpointShared {
         let io = &self.rails[rail];
         let mut tx = io.tx.lock();
         loop {
-            if tx.cur.is_none() {
+            if tx.cur.is_none() || !self.session.lock().rail_alive(rail) {
                 let mut s = self.session.lock();
+                if !s.rail_alive(rail) {
+                    // Whatever was half-written is in the session's log, to be sent elsewhere.
+                    tx.cur = None;
+                    return Ok(Flush::Idle);
+                }
                 tx.cur = s.poll_transmit(rail, Instant::now());
                 tx.off = 0;
                 if tx.cur.is_none() {
@@ -143,15 +148,34 @@ impl EndpointShared {
     }
 
     /// Fails the endpoint because `rail` broke.
+    /// Gives up `rail`: the session fails over to the other rails, or fails the endpoint
+    /// when it was the last one.
     pub(crate) fn fail_rail(&self, rail: usize, why: &str) {
         let mut s = self.session.lock();
-        if !s.is_failed() {
+        if !s.is_failed() && s.rail_alive(rail) {
             tracing::warn!(endpoint = self.id, peer = %self.peer, rail, "rail failed: {why}");
         }
         s.on_rail_lost(rail);
         self.deliver(&mut s);
+        self.close_dead_rails(&mut s);
+        let failed = s.is_failed();
         drop(s);
-        self.shutdown();
+        if failed {
+            self.shutdown();
+        } else {
+            // Retransmissions wait on the surviving rails.
+            self.kicker.kick(self.id);
+        }
+    }
+
+    /// Shuts the sockets of rails the session has given up.
+    pub(crate) fn close_dead_rails(&self, s: &mut Session) {
+        let dead = s.take_dead_rails();
+        for (i, r) in self.rails.iter().enumerate() {
+            if dead & (1 << i) != 0 {
+                let _ = r.stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
     }
 
     pub(crate) fn shutdown(&self) {
@@ -294,6 +318,7 @@ impl RxRail {
             }
         };
         self.ep.deliver(&mut s);
+        self.ep.close_dead_rails(&mut s);
         drop(s);
         if matches!(action, RxAction::Stall) {
             self.state = RxState::Stalled(h);
@@ -353,6 +378,7 @@ impl RxRail {
         let mut s = self.ep.session.lock();
         let r = s.payload_done(self.rail);
         self.ep.deliver(&mut s);
+        self.ep.close_dead_rails(&mut s);
         drop(s);
         self.state = RxState::Header;
         if let Err(e) = r {
@@ -362,13 +388,7 @@ impl RxRail {
 
     fn die(&mut self, why: &str) -> RxStep {
         self.state = RxState::Dead;
-        if !self.ep.closed.load(Ordering::Acquire) {
-            self.ep.fail_rail(self.rail, why);
-        } else {
-            let mut s = self.ep.session.lock();
-            s.on_rail_lost(self.rail);
-            self.ep.deliver(&mut s);
-        }
+        self.ep.fail_rail(self.rail, why);
         RxStep::Dead
     }
 }
@@ -532,9 +552,8 @@ impl EngineLoop {
         let mut touched = Vec::new();
         for (id, (ep, _)) in &self.endpoints {
             let dead = ep.session.lock().on_tick(now);
-            if dead != 0 {
-                let rail = dead.trailing_zeros() as usize;
-                let t = ep.session.lock().config().peer_timeout;
+            let t = ep.session.lock().config().peer_timeout;
+            for rail in (0..ep.rails.len()).filter(|r| dead & (1 << r) != 0) {
                 ep.fail_rail(
                     rail,
                     &format!("nothing received for {t:?}: peer or link is gone"),

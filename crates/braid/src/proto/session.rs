@@ -19,8 +19,17 @@
 //! delivery rate (bytes acknowledged per unit of time) times a target queueing delay, so
 //! every rail holds about the same *time* worth of data and the rails of one operation
 //! finish together even when their speeds differ.
+//!
+//! Failover. Every frame handed to a rail is logged until the peer's `rail_ack` covers it.
+//! When a rail fails, its logged frames are sent again on the surviving rails, marked as
+//! retransmissions of (original rail, original end offset); the receiver knows exactly how
+//! much of the dead rail it had consumed and drops the copies it already has, so every
+//! operation, atomics and sends included, takes effect exactly once. A retransmitted chunk
+//! may sit behind a later request on its new rail; so once a rail has been lost, a request
+//! that arrives ahead of its turn is copied aside (staged, within a budget) instead of
+//! stalling its rail, and executed when its turn comes.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +39,7 @@ use crate::error::{Completion, CompletionKind, Status};
 use crate::mem::region::{Access, RegionPin, Sge, sgl_len};
 use crate::mem::registry::Registry;
 use crate::proto::rate::RateEstimator;
-use crate::wire::frame::{FLAG_IMM, HEADER_LEN};
+use crate::wire::frame::{FLAG_IMM, FLAG_RETX, HEADER_LEN};
 use crate::wire::{FrameHeader, Opcode, WireStatus};
 
 /// Tunables of a session.
@@ -56,6 +65,9 @@ pub struct SessionConfig {
     /// Carry a CRC32C of every frame payload, checked before the operation completes.
     /// Negotiated at connection time: on when either side asks for it.
     pub payload_crc: bool,
+    /// After a rail failure, most bytes of later requests that may be held in memory while an
+    /// earlier request's retransmission is awaited (see the module docs).
+    pub max_staged: u64,
     /// A rail that has sent nothing for this long sends a keepalive.
     pub keepalive_interval: Duration,
     /// A rail that has received nothing for this long (while not stalled by braid itself)
@@ -75,6 +87,7 @@ impl Default for SessionConfig {
             target_delay: Duration::from_millis(4),
             ack_threshold: 128 << 10,
             payload_crc: false,
+            max_staged: 256 << 20,
             keepalive_interval: Duration::from_millis(250),
             peer_timeout: Duration::from_secs(3),
         }
@@ -129,6 +142,9 @@ pub enum ProtocolError {
     /// The peer closed the endpoint.
     #[error("the peer closed the endpoint")]
     PeerClosed,
+    /// The rail has been given up (by this side or the peer); stop using it.
+    #[error("the rail has been given up")]
+    RailGone,
     /// A payload's CRC32C did not match: the data was corrupted on the way.
     #[error(
         "payload of {opcode:?} {seq} failed its CRC32C check (sent {sent:#010x}, got {got:#010x})"
@@ -271,6 +287,37 @@ struct PostedRecv {
     capacity: u64,
 }
 
+/// A frame handed to a rail and not yet acknowledged: enough to send it again elsewhere.
+enum Sent {
+    /// Request `seq`; for chunks, the bytes `[off, off + len)` of the operation.
+    Request { seq: u64, off: u64, len: u64 },
+    /// A read-response chunk.
+    Response {
+        pin: RegionPin,
+        seq: u64,
+        addr: u64,
+        total: u64,
+        off: u64,
+        len: u64,
+    },
+    /// A `Done` or `AtomicResponse`.
+    Control(FrameHeader),
+}
+
+struct LogEntry {
+    /// Offset on the rail it was sent on, after the frame.
+    end: u64,
+    /// Where it was first sent: (rail, end offset there).
+    orig: (usize, u64),
+    frame: Sent,
+}
+
+/// A request that arrived ahead of its turn after a rail failure, with its payload.
+struct Staged {
+    h: FrameHeader,
+    data: Arc<StagingBuf>,
+}
+
 /// The peer's request currently being executed here (always request number `frontier`).
 struct TargetOp {
     seq: u64,
@@ -294,8 +341,19 @@ enum Dest {
 
 /// What the payload being read on a rail belongs to.
 enum RxPending {
-    Request { len: u32 },
-    ReadResponse { seq: u64, len: u32 },
+    Request {
+        len: u32,
+    },
+    ReadResponse {
+        seq: u64,
+        len: u32,
+    },
+    /// Payload being copied aside for a request that is not yet due.
+    Staged(Staged),
+    /// Payload of a frame that is dropped (a duplicate).
+    Dropped {
+        len: u32,
+    },
 }
 
 /// Per-rail state.
@@ -316,11 +374,18 @@ struct RailState {
     rate: RateEstimator,
     stalled: bool,
     rx_pending: Option<RxPending>,
+    /// Keeps the memory of the pending payload's placement alive until `payload_done`,
+    /// whatever happens to its operation meanwhile (failure, a duplicated chunk).
+    rx_keep: Option<Keep>,
     /// When the rail last received a frame / handed out a frame (set on the first tick).
     last_rx: Option<Instant>,
     last_tx: Option<Instant>,
     /// With payload CRCs: the frame whose payload is being placed, and where it goes.
     crc_check: Option<(FrameHeader, Vec<(usize, usize)>)>,
+    /// Frames sent and not yet acknowledged.
+    log: VecDeque<LogEntry>,
+    /// For a dead rail: how much of it this side had consumed when it died.
+    dead_consumed: Option<u64>,
 }
 
 impl RailState {
@@ -336,9 +401,12 @@ impl RailState {
             rate: RateEstimator::default(),
             stalled: false,
             rx_pending: None,
+            rx_keep: None,
             last_rx: None,
             last_tx: None,
             crc_check: None,
+            log: VecDeque::new(),
+            dead_consumed: None,
         }
     }
 
@@ -353,6 +421,43 @@ impl RailState {
 enum Keep {
     Regions(Vec<Sge>),
     Pin(RegionPin),
+    Staging(Arc<StagingBuf>),
+}
+
+/// Heap memory for a staged payload, written through raw pointers by the driver.
+struct StagingBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: plain heap memory; access goes through raw pointers under the session's protocol.
+unsafe impl Send for StagingBuf {}
+// SAFETY: as above.
+unsafe impl Sync for StagingBuf {}
+
+impl StagingBuf {
+    fn new(len: usize) -> Arc<StagingBuf> {
+        let b = vec![0u8; len].into_boxed_slice();
+        let len = b.len();
+        Arc::new(StagingBuf {
+            ptr: Box::into_raw(b).cast(),
+            len,
+        })
+    }
+
+    /// # Safety
+    /// No write to the buffer may be in progress.
+    unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: ptr/len came from a boxed slice that lives as long as self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for StagingBuf {
+    fn drop(&mut self) {
+        // SAFETY: reconstructs the box leaked in `new`.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
 }
 
 /// A frame ready for one rail: header bytes then payload read straight from registered memory.
@@ -424,6 +529,41 @@ pub struct Session {
     rx_retry: u64,
     failed: Option<Status>,
     reads_active: Vec<ReadGuard>,
+    /// Frames of dead rails to send again.
+    retx: VecDeque<LogEntry>,
+    /// A rail has been lost: requests ahead of their turn are staged instead of stalling.
+    recovering: bool,
+    staged: BTreeMap<u64, VecDeque<Staged>>,
+    staged_bytes: u64,
+    /// Retransmissions already applied, by original (rail, end).
+    retx_seen: HashSet<(usize, u64)>,
+    /// Rails that died and whose sockets the driver must close (a bit per rail).
+    dead_pending: u64,
+}
+
+/// A frame to send: header, payload pieces, memory to keep alive, and what to log.
+type Frame = (
+    FrameHeader,
+    Vec<(*const u8, usize)>,
+    Option<Keep>,
+    Option<Sent>,
+);
+
+fn response_frame(
+    pin: &RegionPin,
+    seq: u64,
+    addr: u64,
+    total: u64,
+    off: u64,
+    len: u64,
+) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>) {
+    let mut h = FrameHeader::new(Opcode::ReadResponse);
+    h.seq = seq;
+    h.arg0 = total;
+    h.arg1 = off;
+    h.payload_len = len as u32;
+    let ptr = pin.ptr_at((addr + off) as usize) as *const u8;
+    (h, vec![(ptr, len as usize)], Some(Keep::Pin(pin.clone())))
 }
 
 fn sgl_pieces<T>(
@@ -477,6 +617,12 @@ impl Session {
             rx_retry: 0,
             failed: None,
             reads_active: Vec::new(),
+            retx: VecDeque::new(),
+            recovering: false,
+            staged: BTreeMap::new(),
+            staged_bytes: 0,
+            retx_seen: HashSet::new(),
+            dead_pending: 0,
         }
     }
 
@@ -627,8 +773,9 @@ impl Session {
             local,
             capacity,
         });
-        // A rail may be stalled waiting for a receive.
+        // A rail, or a staged send, may be waiting for a receive.
         self.retry_stalled();
+        self.apply_staged();
         Ok(())
     }
 
@@ -656,7 +803,7 @@ impl Session {
         let r = &self.rails[rail];
         r.alive
             && (!r.ctrl.is_empty()
-                || ((!self.tx_req.is_empty() || !self.tx_resp.is_empty())
+                || ((!self.tx_req.is_empty() || !self.tx_resp.is_empty() || !self.retx.is_empty())
                     && self.data_allowed(rail)))
     }
 
@@ -666,8 +813,15 @@ impl Session {
         if !self.rails[rail].alive {
             return None;
         }
-        let (mut hdr, payload, keep) = if let Some(h) = self.rails[rail].ctrl.pop_front() {
-            (h, Vec::new(), None)
+        let mut orig = None;
+        let (mut hdr, payload, keep, logged) = if let Some(h) = self.rails[rail].ctrl.pop_front() {
+            let logged = matches!(h.opcode, Opcode::Done | Opcode::AtomicResponse)
+                .then_some(Sent::Control(h));
+            (h, Vec::new(), None, logged)
+        } else if !self.retx.is_empty() && self.data_allowed(rail) {
+            let (frame, e) = self.next_retransmission()?;
+            orig = Some(e.orig);
+            frame
         } else if (!self.tx_req.is_empty() || !self.tx_resp.is_empty()) && self.data_allowed(rail) {
             let resp_first = self.prefer_resp || self.tx_req.is_empty();
             self.prefer_resp = !self.prefer_resp;
@@ -689,10 +843,23 @@ impl Session {
         }
         let r = &mut self.rails[rail];
         r.last_tx = Some(now);
-        hdr.rail_ack = r.rx_bytes;
-        r.rx_advertised = r.rx_bytes;
         let len = HEADER_LEN as u64 + hdr.payload_len as u64;
         r.tx_bytes += len;
+        if let Some((orig_rail, orig_end)) = orig {
+            hdr.flags |= FLAG_RETX | ((orig_rail as u16) << 8);
+            hdr.rail_ack = orig_end;
+        } else {
+            hdr.rail_ack = r.rx_bytes;
+            r.rx_advertised = r.rx_bytes;
+        }
+        if let Some(frame) = logged {
+            let end = r.tx_bytes;
+            r.log.push_back(LogEntry {
+                end,
+                orig: orig.unwrap_or((rail, end)),
+                frame,
+            });
+        }
         if hdr.opcode.is_chunk() {
             r.data_sent += hdr.payload_len as u64;
         }
@@ -705,9 +872,25 @@ impl Session {
         })
     }
 
-    fn next_request_frame(&mut self) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>) {
+    fn next_request_frame(&mut self) -> Frame {
         let cur = self.tx_req.front_mut().expect("checked non-empty");
-        let i = (cur.seq - self.ops.front().expect("op of cursor").seq) as usize;
+        let (seq, off) = (cur.seq, cur.next_off);
+        let i = (seq - self.ops.front().expect("op of cursor").seq) as usize;
+        let (h, payload, keep, len) = self.request_frame(i, off);
+        let cur = self.tx_req.front_mut().expect("checked non-empty");
+        cur.next_off += len;
+        if !self.ops[i].opcode.is_chunk() || cur.next_off >= self.ops[i].total {
+            self.tx_req.pop_front();
+        }
+        (h, payload, keep, Some(Sent::Request { seq, off, len }))
+    }
+
+    /// The frame of operation `ops[i]` starting at byte `off`, and its payload length.
+    fn request_frame(
+        &self,
+        i: usize,
+        off: u64,
+    ) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>, u64) {
         let op = &self.ops[i];
         let mut h = FrameHeader::new(op.opcode);
         h.seq = op.seq;
@@ -719,38 +902,82 @@ impl Session {
             h.flags |= FLAG_IMM;
             h.aux = imm;
         }
-        let (payload, keep) = if op.opcode.is_chunk() {
-            let off = cur.next_off;
-            let len = (op.total - off).min(self.cfg.chunk_size as u64);
-            h.arg0 = op.total;
-            h.arg1 = off;
-            h.payload_len = len as u32;
-            cur.next_off += len;
-            let pieces = sgl_pieces(&op.local, off, len, |p, l| (p as *const u8, l));
-            let done = cur.next_off >= op.total;
-            let keep = Some(Keep::Regions(op.local.clone()));
-            if done {
-                self.tx_req.pop_front();
-            }
-            (pieces, keep)
-        } else {
-            self.tx_req.pop_front();
-            (Vec::new(), None)
-        };
-        (h, payload, keep)
+        if !op.opcode.is_chunk() {
+            return (h, Vec::new(), None, 0);
+        }
+        let len = (op.total - off).min(self.cfg.chunk_size as u64);
+        h.arg0 = op.total;
+        h.arg1 = off;
+        h.payload_len = len as u32;
+        let pieces = sgl_pieces(&op.local, off, len, |p, l| (p as *const u8, l));
+        (h, pieces, Some(Keep::Regions(op.local.clone())), len)
     }
 
-    fn next_response_chunk(&mut self) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>) {
+    /// The next frame of a dead rail still worth sending, with its log entry.
+    fn next_retransmission(&mut self) -> Option<(Frame, LogEntry)> {
+        while let Some(e) = self.retx.pop_front() {
+            let frame = match &e.frame {
+                Sent::Request { seq, off, len } => {
+                    // A completed operation was fully received: nothing to resend.
+                    let Some(i) = self.op_index(*seq) else {
+                        continue;
+                    };
+                    if self.ops[i].done.is_some() {
+                        continue;
+                    }
+                    let (h, payload, keep, l) = self.request_frame(i, *off);
+                    debug_assert_eq!(l, *len);
+                    (
+                        h,
+                        payload,
+                        keep,
+                        Some(Sent::Request {
+                            seq: *seq,
+                            off: *off,
+                            len: *len,
+                        }),
+                    )
+                }
+                Sent::Response {
+                    pin,
+                    seq,
+                    addr,
+                    total,
+                    off,
+                    len,
+                } => {
+                    let (h, payload, keep) = response_frame(pin, *seq, *addr, *total, *off, *len);
+                    let logged = Sent::Response {
+                        pin: pin.clone(),
+                        seq: *seq,
+                        addr: *addr,
+                        total: *total,
+                        off: *off,
+                        len: *len,
+                    };
+                    (h, payload, keep, Some(logged))
+                }
+                Sent::Control(h) => (*h, Vec::new(), None, Some(Sent::Control(*h))),
+            };
+            return Some((frame, e));
+        }
+        None
+    }
+
+    fn next_response_chunk(&mut self) -> Frame {
         let cur = self.tx_resp.front_mut().expect("checked non-empty");
         let len = (cur.total - cur.next_off).min(self.cfg.chunk_size as u64);
-        let mut h = FrameHeader::new(Opcode::ReadResponse);
-        h.seq = cur.seq;
-        h.arg0 = cur.total;
-        h.arg1 = cur.next_off;
-        h.payload_len = len as u32;
-        let ptr = cur.pin.ptr_at((cur.addr + cur.next_off) as usize) as *const u8;
+        let (h, payload, keep) =
+            response_frame(&cur.pin, cur.seq, cur.addr, cur.total, cur.next_off, len);
+        let logged = Sent::Response {
+            pin: cur.pin.clone(),
+            seq: cur.seq,
+            addr: cur.addr,
+            total: cur.total,
+            off: cur.next_off,
+            len,
+        };
         cur.next_off += len;
-        let keep = Some(Keep::Pin(cur.pin.clone()));
         let (seq, finished) = (cur.seq, cur.next_off >= cur.total);
         if finished {
             self.tx_resp.pop_front();
@@ -759,7 +986,7 @@ impl Session {
             g.frames += 1;
             g.assigned |= finished;
         }
-        (h, vec![(ptr, len as usize)], keep)
+        (h, payload, keep, Some(logged))
     }
 
     /// Reports that the read-response frame of read `seq` has been completely written.
@@ -807,24 +1034,27 @@ impl Session {
         h: &FrameHeader,
         now: Instant,
     ) -> Result<RxAction, ProtocolError> {
-        debug_assert!(
-            self.rails[rail].rx_pending.is_none(),
-            "payload of the previous frame pending"
-        );
+        if !self.rails[rail].alive {
+            return Err(ProtocolError::RailGone);
+        }
         {
             let limit = self.window(rail);
             let r = &mut self.rails[rail];
             r.last_rx = Some(now);
-            if h.rail_ack > r.tx_bytes {
+            if h.flags & FLAG_RETX != 0 {
+                // rail_ack names the original position, not an acknowledgement.
+            } else if h.rail_ack > r.tx_bytes {
                 return Err(ProtocolError::BadAck {
                     ack: h.rail_ack,
                     sent: r.tx_bytes,
                 });
-            }
-            if h.rail_ack > r.acked {
+            } else if h.rail_ack > r.acked {
                 let busy = r.inflight() * 2 >= limit;
                 r.rate.on_ack(h.rail_ack - r.acked, now, busy);
                 r.acked = h.rail_ack;
+                while r.log.front().is_some_and(|e| e.end <= r.acked) {
+                    r.log.pop_front();
+                }
             }
         }
         if self.failed.is_some() {
@@ -834,6 +1064,27 @@ impl Session {
             } else {
                 RxAction::Done
             });
+        }
+        if let Some((orig_rail, orig_end)) = h.retransmission_of() {
+            if orig_rail >= self.rails.len() || orig_rail == rail {
+                return Err(ProtocolError::UnknownOperation {
+                    opcode: h.opcode,
+                    seq: h.seq,
+                });
+            }
+            // The peer gave the rail up: so do we, freezing how much of it we consumed.
+            self.rail_down(orig_rail);
+            let consumed = self.rails[orig_rail].dead_consumed.unwrap_or(0);
+            if orig_end <= consumed || !self.retx_seen.insert((orig_rail, orig_end)) {
+                // Already received on the dead rail (or already retransmitted): drop it.
+                self.consumed(rail, HEADER_LEN as u64);
+                if h.payload_len > 0 {
+                    self.rails[rail].rx_pending = Some(RxPending::Dropped { len: h.payload_len });
+                    self.rails[rail].crc_check = None;
+                    return Ok(RxAction::Discard);
+                }
+                return Ok(RxAction::Done);
+            }
         }
         let action = if h.opcode.is_request() {
             self.on_request(rail, h)?
@@ -873,6 +1124,21 @@ impl Session {
             });
         }
         if h.seq > self.frontier {
+            if self.recovering && self.staged_bytes + h.payload_len as u64 <= self.cfg.max_staged {
+                let data = StagingBuf::new(h.payload_len as usize);
+                if h.payload_len == 0 {
+                    self.staged
+                        .entry(h.seq)
+                        .or_default()
+                        .push_back(Staged { h: *h, data });
+                    return Ok(RxAction::Done);
+                }
+                self.staged_bytes += h.payload_len as u64;
+                let iov = vec![(data.ptr, data.len)];
+                self.rails[rail].rx_keep = Some(Keep::Staging(data.clone()));
+                self.rails[rail].rx_pending = Some(RxPending::Staged(Staged { h: *h, data }));
+                return Ok(RxAction::Place(Placement { iov }));
+            }
             return Ok(RxAction::Stall);
         }
         let imm = (h.flags & FLAG_IMM != 0).then_some(h.aux);
@@ -988,6 +1254,16 @@ impl Session {
             }
             self.cur = Some(op);
         }
+        // Payloads other rails are still placing count as received: otherwise a duplicated
+        // chunk could complete the operation while another rail still writes into its memory.
+        let placing: u64 = self
+            .rails
+            .iter()
+            .filter_map(|r| match r.rx_pending {
+                Some(RxPending::Request { len }) => Some(len as u64),
+                _ => None,
+            })
+            .sum();
         let op = self.cur.as_mut().expect("set above");
         if op.seq != h.seq
             || op.opcode != h.opcode
@@ -998,7 +1274,7 @@ impl Session {
         {
             return Err(ProtocolError::InconsistentChunk { seq: h.seq });
         }
-        if op.received + h.payload_len as u64 > op.total {
+        if op.received + placing + h.payload_len as u64 > op.total {
             return Err(ProtocolError::Overrun {
                 seq: h.seq,
                 total: op.total,
@@ -1013,18 +1289,26 @@ impl Session {
         self.rails[rail].rx_pending = Some(RxPending::Request { len: h.payload_len });
         let off = h.arg1;
         let len = h.payload_len as u64;
-        Ok(match &op.dest {
-            Some(Dest::Region(pin)) => RxAction::Place(Placement {
-                iov: vec![(pin.ptr_at((op.addr + off) as usize), len as usize)],
-            }),
+        let (action, keep) = match &op.dest {
+            Some(Dest::Region(pin)) => (
+                RxAction::Place(Placement {
+                    iov: vec![(pin.ptr_at((op.addr + off) as usize), len as usize)],
+                }),
+                Some(Keep::Pin(pin.clone())),
+            ),
             Some(Dest::Recv) => {
                 let local = &op.recv.as_ref().expect("recv of a send").local;
-                RxAction::Place(Placement {
-                    iov: sgl_pieces(local, off, len, |p, l| (p, l)),
-                })
+                (
+                    RxAction::Place(Placement {
+                        iov: sgl_pieces(local, off, len, |p, l| (p, l)),
+                    }),
+                    Some(Keep::Regions(local.clone())),
+                )
             }
-            None => RxAction::Discard,
-        })
+            None => (RxAction::Discard, None),
+        };
+        self.rails[rail].rx_keep = keep;
+        Ok(action)
     }
 
     fn queue_done(&mut self, rail: usize, seq: u64, st: WireStatus) {
@@ -1079,9 +1363,26 @@ impl Session {
             opcode: h.opcode,
             seq: h.seq,
         };
+        // A response to a request not completely handed out yet is a peer bug (accepting it
+        // would complete an operation a transmit cursor still points at).
+        if matches!(
+            h.opcode,
+            Opcode::Done | Opcode::AtomicResponse | Opcode::ReadResponse
+        ) && self.tx_req.front().is_some_and(|c| c.seq <= h.seq)
+        {
+            return Err(unknown());
+        }
         match h.opcode {
             Opcode::RailAck => Ok(RxAction::Done),
             Opcode::Close => Err(ProtocolError::PeerClosed),
+            Opcode::RailDown => {
+                let r = h.arg0 as usize;
+                if r >= self.rails.len() || r == rail {
+                    return Err(unknown());
+                }
+                self.rail_down(r);
+                Ok(RxAction::Done)
+            }
             Opcode::Done | Opcode::AtomicResponse => {
                 let st = WireStatus::from_u32(h.aux).ok_or(ProtocolError::BadStatus(h.aux))?;
                 let i = self.op_index(h.seq).ok_or_else(unknown)?;
@@ -1115,7 +1416,18 @@ impl Session {
                 if op.opcode != Opcode::ReadRequest || op.done.is_some() || h.arg0 != op.total {
                     return Err(unknown());
                 }
-                if op.received + h.payload_len as u64 > op.total {
+                // Count payloads of this read other rails are still placing (see on_request).
+                let placing: u64 = self
+                    .rails
+                    .iter()
+                    .filter_map(|r| match r.rx_pending {
+                        Some(RxPending::ReadResponse { seq, len }) if seq == h.seq => {
+                            Some(len as u64)
+                        }
+                        _ => None,
+                    })
+                    .sum();
+                if op.received + placing + h.payload_len as u64 > op.total {
                     return Err(ProtocolError::Overrun {
                         seq: h.seq,
                         total: op.total,
@@ -1128,6 +1440,7 @@ impl Session {
                     seq: h.seq,
                     len: h.payload_len,
                 });
+                self.rails[rail].rx_keep = Some(Keep::Regions(op.local.clone()));
                 Ok(RxAction::Place(Placement {
                     iov: sgl_pieces(&op.local, h.arg1, h.payload_len as u64, |p, l| (p, l)),
                 }))
@@ -1140,8 +1453,12 @@ impl Session {
     /// discarded) completely. With payload CRCs, a mismatch is an error and the operation
     /// does not complete.
     pub fn payload_done(&mut self, rail: usize) -> Result<(), ProtocolError> {
+        // Released when this call returns: the driver is done with the placement.
+        let _keep = self.rails[rail].rx_keep.take();
+        if !self.rails[rail].alive {
+            return Err(ProtocolError::RailGone);
+        }
         let Some(p) = self.rails[rail].rx_pending.take() else {
-            debug_assert!(false, "payload_done without a pending payload");
             return Ok(());
         };
         if let Some((h, pieces)) = self.rails[rail].crc_check.take() {
@@ -1176,6 +1493,11 @@ impl Session {
                     }
                 }
             }
+            RxPending::Dropped { len } => self.consumed(rail, len as u64),
+            RxPending::Staged(st) => {
+                self.consumed(rail, st.data.len as u64);
+                self.staged.entry(st.h.seq).or_default().push_back(st);
+            }
             RxPending::ReadResponse { seq, len } => {
                 self.consumed(rail, len as u64);
                 if self.failed.is_some() {
@@ -1189,7 +1511,67 @@ impl Session {
                 }
             }
         }
+        self.apply_staged();
         Ok(())
+    }
+
+    /// Executes staged requests whose turn has come.
+    fn apply_staged(&mut self) {
+        while self.failed.is_none() {
+            let Some(list) = self.staged.get_mut(&self.frontier) else {
+                return;
+            };
+            let Some(st) = list.pop_front() else {
+                self.staged.remove(&self.frontier);
+                return;
+            };
+            let Some(rail) = self.rails.iter().position(|r| r.alive) else {
+                return;
+            };
+            // Run the request as if it had just arrived, without disturbing the rail's own
+            // payload in progress.
+            let saved = self.rails[rail].rx_pending.take();
+            let saved_crc = self.rails[rail].crc_check.take();
+            let saved_keep = self.rails[rail].rx_keep.take();
+            let action = self.on_request(rail, &st.h);
+            let placed = self.rails[rail].rx_pending.take();
+            self.rails[rail].rx_pending = saved;
+            self.rails[rail].crc_check = saved_crc;
+            self.rails[rail].rx_keep = saved_keep;
+            match action {
+                Ok(RxAction::Stall) => {
+                    // Waiting for a receive to be posted: keep it first in line.
+                    self.staged.entry(st.h.seq).or_default().push_front(st);
+                    return;
+                }
+                Ok(RxAction::Place(p)) => {
+                    // SAFETY: the staged payload is complete (no write in progress).
+                    let data = unsafe { st.data.bytes() };
+                    let mut off = 0;
+                    for &(ptr, len) in &p.iov {
+                        // SAFETY: the placement is pinned memory of the operation; `data`
+                        // holds exactly the payload.
+                        unsafe { std::ptr::copy_nonoverlapping(data[off..].as_ptr(), ptr, len) };
+                        off += len;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(endpoint = self.endpoint_id, "staged request refused: {e}");
+                    self.fail(Status::TransportError);
+                    return;
+                }
+            }
+            self.staged_bytes -= st.data.len as u64;
+            if let Some(RxPending::Request { len }) = placed
+                && let Some(op) = self.cur.as_mut()
+            {
+                op.received += len as u64;
+                if op.received == op.total {
+                    self.finish_target_op(rail);
+                }
+            }
+        }
     }
 
     /// Timer work; the driver calls it every few hundred milliseconds or less. Queues
@@ -1248,12 +1630,64 @@ impl Session {
         self.completions.len()
     }
 
-    /// A rail failed. In this version any rail loss fails the endpoint: every outstanding
-    /// operation completes with [`Status::TransportError`], every posted receive with
-    /// [`Status::Flushed`].
+    /// A rail failed (reset, closed, silent, or corrupted data). Its unacknowledged frames
+    /// are sent again on the surviving rails and the peer is told with a `RailDown`; only
+    /// when no rail is left does every outstanding operation complete with
+    /// [`Status::TransportError`] and every posted receive with [`Status::Flushed`].
     pub fn on_rail_lost(&mut self, rail: usize) {
-        self.rails[rail].alive = false;
-        self.fail(Status::TransportError);
+        self.rail_down(rail);
+    }
+
+    fn rail_down(&mut self, rail: usize) {
+        let r = &mut self.rails[rail];
+        if !r.alive {
+            return;
+        }
+        r.alive = false;
+        r.dead_consumed = Some(r.rx_bytes);
+        r.stalled = false;
+        r.crc_check = None;
+        // The driver may still be writing into the pending placement: `rx_keep` keeps its
+        // memory until it reports back; the payload is simply never accounted.
+        if let Some(RxPending::Staged(st)) = r.rx_pending.take() {
+            self.staged_bytes -= st.data.len as u64;
+        }
+        let r = &mut self.rails[rail];
+        let log = std::mem::take(&mut r.log);
+        let ctrl = std::mem::take(&mut r.ctrl);
+        self.dead_pending |= 1 << rail;
+        let Some(heir) = self.rails.iter().position(|r| r.alive) else {
+            self.fail(Status::TransportError);
+            return;
+        };
+        tracing::info!(
+            endpoint = self.endpoint_id,
+            rail,
+            "rail lost; failing over to the surviving rails"
+        );
+        self.recovering = true;
+        self.retx.extend(log);
+        let heir_ctrl = &mut self.rails[heir].ctrl;
+        heir_ctrl.extend(
+            ctrl.into_iter()
+                .filter(|h| matches!(h.opcode, Opcode::Done | Opcode::AtomicResponse)),
+        );
+        let mut down = FrameHeader::new(Opcode::RailDown);
+        down.arg0 = rail as u64;
+        heir_ctrl.push_front(down);
+        // Responses retransmitted later are read from memory again: release the guards.
+        self.reads_active.clear();
+        self.retry_stalled();
+    }
+
+    /// Rails that died since the last call (a bit per rail): the driver closes their sockets.
+    pub fn take_dead_rails(&mut self) -> u64 {
+        std::mem::take(&mut self.dead_pending)
+    }
+
+    /// True while the rail is in use.
+    pub fn rail_alive(&self, rail: usize) -> bool {
+        self.rails[rail].alive
     }
 
     /// Local close: queues a `Close` frame on every rail and flushes all operations with
@@ -1277,6 +1711,9 @@ impl Session {
         self.tx_req.clear();
         self.tx_resp.clear();
         self.reads_active.clear();
+        self.retx.clear();
+        self.staged.clear();
+        self.staged_bytes = 0;
         self.cur = None;
         for r in &mut self.rails {
             r.ctrl.retain(|h| h.opcode == Opcode::Close);

@@ -41,6 +41,8 @@ pub enum Opcode {
     RailAck = 19,
     /// The sender closes the endpoint; no more frames follow on any rail.
     Close = 20,
+    /// The sender has given up rail `arg0`; its unacknowledged frames follow as retransmissions.
+    RailDown = 21,
 }
 
 impl Opcode {
@@ -57,6 +59,7 @@ impl Opcode {
             18 => Opcode::Done,
             19 => Opcode::RailAck,
             20 => Opcode::Close,
+            21 => Opcode::RailDown,
             _ => return None,
         })
     }
@@ -82,8 +85,13 @@ impl Opcode {
 
 /// Header flag: the operation carries 32-bit immediate data in `aux`.
 pub const FLAG_IMM: u16 = 1 << 0;
+/// Header flag: a retransmission of a frame first sent on the rail in bits 8..14 of the flags,
+/// ending at offset `rail_ack` of that rail (which then carries no acknowledgement).
+pub const FLAG_RETX: u16 = 1 << 1;
+/// Bits of the flags naming the original rail of a retransmission.
+pub const RETX_RAIL_MASK: u16 = 0x3f << 8;
 /// All flags this version defines; any other bit set is malformed.
-pub const KNOWN_FLAGS: u16 = FLAG_IMM;
+pub const KNOWN_FLAGS: u16 = FLAG_IMM | FLAG_RETX | RETX_RAIL_MASK;
 
 /// A decoded, validated frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,7 +196,7 @@ impl FrameHeader {
         }
         let opcode = Opcode::from_u8(b[1]).ok_or(FrameError::Opcode(b[1]))?;
         let flags = u16_at(b, 2);
-        if flags & !KNOWN_FLAGS != 0 {
+        if flags & !KNOWN_FLAGS != 0 || (flags & FLAG_RETX == 0 && flags & RETX_RAIL_MASK != 0) {
             return Err(FrameError::Flags(flags));
         }
         let h = FrameHeader {
@@ -251,6 +259,12 @@ impl FrameHeader {
         b[52..56].copy_from_slice(&self.crc.to_le_bytes());
         b[56..64].copy_from_slice(&self.rail_ack.to_le_bytes());
         b
+    }
+
+    /// For a retransmission: the rail it was first sent on and its end offset there.
+    pub fn retransmission_of(&self) -> Option<(usize, u64)> {
+        (self.flags & FLAG_RETX != 0)
+            .then(|| (((self.flags & RETX_RAIL_MASK) >> 8) as usize, self.rail_ack))
     }
 }
 
@@ -319,7 +333,7 @@ mod tests {
         b[1] = 99;
         assert_eq!(FrameHeader::decode(&b), Err(FrameError::Opcode(99)));
         let mut b = good;
-        b[3] = 0x80;
+        b[2] = 0x80;
         assert!(matches!(FrameHeader::decode(&b), Err(FrameError::Flags(_))));
         let mut h = sample();
         h.payload_len = MAX_FRAME_PAYLOAD + 1;
