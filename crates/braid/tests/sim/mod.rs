@@ -7,7 +7,8 @@
 //! plays the progress engine's part exactly as the real driver does:
 //!
 //! * transmit: `wants_transmit` / `poll_transmit`, copying header and payload (read through
-//!   the raw pointers while the `Transmit` is alive) into the rail's stream;
+//!   the raw pointers while the `Transmit` is alive) into the rail's stream, then reporting
+//!   read-response frames with `transmitted`;
 //! * receive: reassemble 64-byte headers (possibly from several short reads), decode them,
 //!   `on_frame`, then copy payload bytes straight into the `Placement` pieces (again possibly
 //!   in several short reads), `payload_done`; `Discard` consumes and drops; `Stall` keeps
@@ -115,7 +116,10 @@ impl Rng {
 /// The seeds a "many seeds" test runs: `BRAID_SIM_SEED=n` replays one, `BRAID_SIM_SEEDS=n`
 /// runs `n` seeds instead of `default`.
 pub fn seeds(default: u64) -> Vec<u64> {
-    if let Some(s) = std::env::var("BRAID_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+    if let Some(s) = std::env::var("BRAID_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
         return vec![s];
     }
     let n = std::env::var("BRAID_SIM_SEEDS")
@@ -141,17 +145,29 @@ impl Segment {
         } else if now <= self.start {
             0
         } else {
-            let f = (now - self.start).as_nanos() as f64 / (self.end - self.start).as_nanos() as f64;
-            ((self.data.len() as f64 * f) as usize).min(self.data.len())
+            let f =
+                (now - self.start).as_nanos() as f64 / (self.end - self.start).as_nanos() as f64;
+            // Complete only at `end` (rounding must not finish a segment early).
+            ((self.data.len() as f64 * f) as usize).min(self.data.len() - 1)
         }
     }
 }
 
 /// One direction of one rail: a byte stream through a link of some rate and latency.
+///
+/// Segments arrive in order (each starts arriving no earlier than the previous one ends),
+/// so the arrived prefix of the stream is tracked with a cursor that only moves forward:
+/// every query is O(1) amortised, however many frames are on the wire.
 pub struct Pipe {
     segs: VecDeque<Segment>,
     /// Bytes of the front segment already read.
     front_read: usize,
+    /// Number of front segments known to have arrived completely (time only moves forward).
+    full: std::cell::Cell<usize>,
+    /// Bytes of those segments.
+    full_bytes: std::cell::Cell<u64>,
+    /// Stream offset of the front segment's first byte.
+    front_off: u64,
     link_free: Duration,
     /// Link rate in bytes per virtual microsecond; `None` for an infinitely fast link.
     pub rate: Option<f64>,
@@ -161,6 +177,8 @@ pub struct Pipe {
     pub written: u64,
     /// Bytes read so far.
     pub read: u64,
+    /// The writer closed its socket: once the bytes left are read, the reader sees EOF.
+    pub eof: bool,
 }
 
 impl Pipe {
@@ -168,12 +186,44 @@ impl Pipe {
         Pipe {
             segs: VecDeque::new(),
             front_read: 0,
+            full: std::cell::Cell::new(0),
+            full_bytes: std::cell::Cell::new(0),
+            front_off: 0,
             link_free: Duration::ZERO,
             rate,
             latency,
             written: 0,
             read: 0,
+            eof: false,
         }
+    }
+
+    /// Keeps only the first `keep` unread bytes (the rest is lost with the connection).
+    pub fn truncate_unread(&mut self, keep: u64) {
+        let mut left = keep + self.front_read as u64;
+        let mut n = 0;
+        for seg in self.segs.iter_mut() {
+            if left == 0 {
+                break;
+            }
+            let l = seg.data.len() as u64;
+            if l > left {
+                seg.data.truncate(left as usize);
+            }
+            left -= (seg.data.len() as u64).min(left);
+            n += 1;
+        }
+        self.segs.truncate(n);
+        self.written = self.read + keep.min(self.written - self.read);
+        let full = self.full.get().min(self.segs.len());
+        self.full.set(full);
+        self.full_bytes.set(
+            self.segs
+                .iter()
+                .take(full)
+                .map(|s| s.data.len() as u64)
+                .sum(),
+        );
     }
 
     /// Appends raw bytes (a frame, or anything a test injects).
@@ -195,23 +245,30 @@ impl Pipe {
         });
     }
 
-    /// Bytes readable at `now`.
-    pub fn available(&self, now: Duration) -> usize {
-        let mut n = 0;
-        for (i, s) in self.segs.iter().enumerate() {
-            let got = s.arrived(now);
-            let skip = if i == 0 { self.front_read } else { 0 };
-            n += got.saturating_sub(skip);
-            if got < s.data.len() {
+    /// Stream offset up to which bytes have arrived at `now`.
+    fn arrived_end(&self, now: Duration) -> u64 {
+        let (mut full, mut bytes) = (self.full.get(), self.full_bytes.get());
+        while let Some(s) = self.segs.get(full) {
+            if now < s.end {
                 break;
             }
+            full += 1;
+            bytes += s.data.len() as u64;
         }
-        n
+        self.full.set(full);
+        self.full_bytes.set(bytes);
+        let partial = self.segs.get(full).map_or(0, |s| s.arrived(now) as u64);
+        self.front_off + bytes + partial
+    }
+
+    /// Bytes readable at `now`.
+    pub fn available(&self, now: Duration) -> usize {
+        (self.arrived_end(now) - self.read) as usize
     }
 
     /// Bytes written and not yet arrived at the reader at `now` (what is "on the wire").
     pub fn in_flight(&self, now: Duration) -> usize {
-        self.segs.iter().map(|s| s.data.len() - s.arrived(now)).sum()
+        (self.written - self.arrived_end(now)) as usize
     }
 
     /// Bytes written and not yet read.
@@ -221,10 +278,14 @@ impl Pipe {
 
     /// The earliest time after `now` at which more bytes become readable.
     pub fn next_arrival(&self, now: Duration) -> Option<Duration> {
-        self.segs
-            .iter()
-            .find(|s| s.arrived(now) < s.data.len())
-            .map(|s| if s.start > now { s.start } else { now + Duration::from_micros(1) })
+        self.arrived_end(now);
+        self.segs.get(self.full.get()).map(|s| {
+            if s.start > now {
+                s.start
+            } else {
+                s.end.max(now + Duration::from_nanos(1))
+            }
+        })
     }
 
     /// Reads up to `len` readable bytes to `dst`; returns how many.
@@ -232,32 +293,33 @@ impl Pipe {
     /// # Safety
     /// `dst` must be valid for `len` bytes of writes.
     pub unsafe fn read_raw(&mut self, now: Duration, dst: *mut u8, len: usize) -> usize {
+        let len = len.min(self.available(now));
         let mut done = 0;
         while done < len {
-            let Some(s) = self.segs.front() else { break };
-            let avail = s.arrived(now).saturating_sub(self.front_read);
-            if avail == 0 {
-                break;
-            }
-            let n = avail.min(len - done);
+            let s = self.segs.front().expect("available bytes are in segments");
+            let n = (s.data.len() - self.front_read).min(len - done);
             // SAFETY: source inside the segment; destination valid per the caller.
-            unsafe { std::ptr::copy_nonoverlapping(s.data.as_ptr().add(self.front_read), dst.add(done), n) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    s.data.as_ptr().add(self.front_read),
+                    dst.add(done),
+                    n,
+                )
+            };
             done += n;
             self.front_read += n;
             if self.front_read == s.data.len() {
+                let l = s.data.len() as u64;
                 self.segs.pop_front();
                 self.front_read = 0;
+                self.front_off += l;
+                // The popped segment had arrived completely (it was read to its end).
+                self.full.set(self.full.get() - 1);
+                self.full_bytes.set(self.full_bytes.get() - l);
             }
         }
         self.read += done as u64;
         done
-    }
-
-    /// Drops every byte not yet read.
-    pub fn clear(&mut self) {
-        self.read = self.written;
-        self.segs.clear();
-        self.front_read = 0;
     }
 }
 
@@ -292,10 +354,17 @@ impl Rx {
 #[derive(Debug, Clone)]
 pub enum Event {
     /// `on_frame` was called with this header (and returned without error).
-    Frame { side: usize, rail: usize, hdr: FrameHeader },
+    Frame {
+        side: usize,
+        rail: usize,
+        hdr: FrameHeader,
+    },
     /// `payload_done` was called after a payload was fully placed or discarded.
     PayloadDone { side: usize, rail: usize },
 }
+
+/// A callback run after every receive event.
+pub type Observer = Box<dyn FnMut(&Event, &[Side; 2])>;
 
 /// One endpoint of the simulated connection.
 pub struct Side {
@@ -388,9 +457,11 @@ pub struct Sim {
     /// Record every transmitted frame in [`Side::captured`].
     pub capture: bool,
     /// Called after every receive event (with the sides in their state right after it).
-    pub observe: Option<Box<dyn FnMut(&Event, &[Side; 2])>>,
+    pub observe: Option<Observer>,
     /// Actions taken.
     pub steps: u64,
+    /// Print every receive event (set `BRAID_SIM_TRACE=1`).
+    pub trace: bool,
 }
 
 fn new_side(cfg: SessionConfig, rails: usize, id: u64) -> Side {
@@ -437,6 +508,7 @@ impl Sim {
             capture: false,
             observe: None,
             steps: 0,
+            trace: std::env::var_os("BRAID_SIM_TRACE").is_some(),
         }
     }
 
@@ -456,8 +528,14 @@ impl Sim {
     }
 
     /// Posts a receive on side `s`, then collects the rails it released (as the driver must).
-    pub fn post_recv(&mut self, s: usize, wr_id: u64, local: Vec<Sge>) -> Result<(), braid::proto::PostError> {
+    pub fn post_recv(
+        &mut self,
+        s: usize,
+        wr_id: u64,
+        local: Vec<Sge>,
+    ) -> Result<(), braid::proto::PostError> {
         let r = self.sides[s].session.post_recv(wr_id, local);
+        self.process_dead(s);
         self.collect_retry(s);
         r
     }
@@ -483,7 +561,8 @@ impl Sim {
 
     /// True when side `s` may transmit a frame on `rail` now.
     pub fn can_tx(&self, s: usize, rail: usize) -> bool {
-        self.sides[s].session.wants_transmit(rail) && self.pipes[rail][s].in_flight(self.now) < self.opts.sndbuf
+        self.sides[s].session.wants_transmit(rail)
+            && self.pipes[rail][s].in_flight(self.now) < self.opts.sndbuf
     }
 
     /// Side `s` transmits one frame on `rail`, if the session has one; true if it did.
@@ -498,7 +577,13 @@ impl Sim {
             // SAFETY: the Transmit keeps the registered memory behind its pointers alive.
             bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(p, l) });
         }
+        let read_response = t.read_response;
         drop(t);
+        // The frame is completely "written": report read-response frames, as the driver must.
+        if let Some(seq) = read_response {
+            self.sides[s].session.transmitted(seq);
+            self.collect_retry(s);
+        }
         if self.capture {
             self.sides[s].captured.push((rail, bytes.clone()));
         }
@@ -510,8 +595,42 @@ impl Sim {
     pub fn can_rx(&self, s: usize, rail: usize) -> bool {
         match &self.sides[s].rx[rail] {
             Rx::Dead => false,
-            Rx::Stalled { retry, .. } => *retry,
-            _ => self.pipes[rail][1 - s].available(self.now) > 0,
+            // A rail not being read still notices its peer hanging up (EPOLLRDHUP).
+            Rx::Stalled { retry, .. } => *retry || self.pipes[rail][1 - s].eof,
+            _ => {
+                let p = &self.pipes[rail][1 - s];
+                let avail = p.available(self.now);
+                avail > 0 || (p.eof && p.unread() == 0)
+            }
+        }
+    }
+
+    /// Side `s` learns that `rail` failed (as its driver would on a reset or EOF).
+    pub fn lose_rail(&mut self, s: usize, rail: usize) {
+        self.sides[s].session.on_rail_lost(rail);
+        self.sides[s].rx[rail] = Rx::Dead;
+        self.process_dead(s);
+        self.collect_retry(s);
+        self.sides[s].drain();
+    }
+
+    /// Closes the sockets of the rails side `s`'s session gave up: `s` stops reading them,
+    /// and the peer reads a random prefix of what was on its way, then EOF.
+    pub fn process_dead(&mut self, s: usize) {
+        let bits = self.sides[s].session.take_dead_rails();
+        for rail in 0..self.rails() {
+            if bits & (1 << rail) == 0 {
+                continue;
+            }
+            self.sides[s].rx[rail] = Rx::Dead;
+            self.pipes[rail][1 - s].truncate_unread(0);
+            let out = &mut self.pipes[rail][s];
+            if !out.eof {
+                let unread = out.unread();
+                let keep = self.rng.range(0, unread);
+                out.truncate_unread(keep);
+                out.eof = true;
+            }
         }
     }
 
@@ -537,6 +656,10 @@ impl Sim {
         match state {
             Rx::Dead => false,
             Rx::Stalled { hdr, retry: false } => {
+                if self.pipes[rail][from].eof {
+                    self.lose_rail(s, rail);
+                    return true;
+                }
                 self.sides[s].rx[rail] = Rx::Stalled { hdr, retry: false };
                 false
             }
@@ -546,13 +669,20 @@ impl Sim {
             }
             Rx::Header { mut buf, mut have } => {
                 let avail = self.pipes[rail][from].available(self.now);
+                if avail == 0 && self.pipes[rail][from].eof && self.pipes[rail][from].unread() == 0
+                {
+                    self.lose_rail(s, rail);
+                    return true;
+                }
                 if avail == 0 {
                     self.sides[s].rx[rail] = Rx::Header { buf, have };
                     return false;
                 }
                 let n = self.read_len((HEADER_LEN - have).min(avail));
                 // SAFETY: within `buf`.
-                let got = unsafe { self.pipes[rail][from].read_raw(self.now, buf.as_mut_ptr().add(have), n) };
+                let got = unsafe {
+                    self.pipes[rail][from].read_raw(self.now, buf.as_mut_ptr().add(have), n)
+                };
                 have += got;
                 if have < HEADER_LEN {
                     self.sides[s].rx[rail] = Rx::Header { buf, have };
@@ -574,8 +704,19 @@ impl Sim {
                 mut left,
             } => {
                 let avail = self.pipes[rail][from].available(self.now);
+                if avail == 0 && self.pipes[rail][from].eof && self.pipes[rail][from].unread() == 0
+                {
+                    // EOF in the middle of a payload: the rail is lost with it.
+                    self.lose_rail(s, rail);
+                    return true;
+                }
                 if avail == 0 {
-                    self.sides[s].rx[rail] = Rx::Payload { iov, idx, off, left };
+                    self.sides[s].rx[rail] = Rx::Payload {
+                        iov,
+                        idx,
+                        off,
+                        left,
+                    };
                     return false;
                 }
                 let mut n = self.read_len(left.min(avail));
@@ -587,7 +728,9 @@ impl Sim {
                         // Discard: read into a scratch buffer.
                         let mut scratch = vec![0u8; k];
                         // SAFETY: scratch is k bytes.
-                        unsafe { self.pipes[rail][from].read_raw(self.now, scratch.as_mut_ptr(), k) }
+                        unsafe {
+                            self.pipes[rail][from].read_raw(self.now, scratch.as_mut_ptr(), k)
+                        }
                     } else {
                         // SAFETY: the session keeps the placement's memory alive until payload_done.
                         unsafe { self.pipes[rail][from].read_raw(self.now, p.add(off), k) }
@@ -602,11 +745,14 @@ impl Sim {
                     }
                 }
                 if left == 0 {
-                    self.sides[s].rx[rail] = Rx::fresh();
-                    self.sides[s].session.payload_done(rail);
-                    self.after_event(Event::PayloadDone { side: s, rail });
+                    self.payload_done(s, rail);
                 } else {
-                    self.sides[s].rx[rail] = Rx::Payload { iov, idx, off, left };
+                    self.sides[s].rx[rail] = Rx::Payload {
+                        iov,
+                        idx,
+                        off,
+                        left,
+                    };
                 }
                 true
             }
@@ -659,9 +805,23 @@ impl Sim {
         }
         self.after_event(Event::Frame { side: s, rail, hdr });
         if let Rx::Payload { left: 0, .. } = self.sides[s].rx[rail] {
-            self.sides[s].rx[rail] = Rx::fresh();
-            self.sides[s].session.payload_done(rail);
-            self.after_event(Event::PayloadDone { side: s, rail });
+            self.payload_done(s, rail);
+        }
+    }
+
+    /// The payload on `rail` is complete: tell side `s`'s session.
+    fn payload_done(&mut self, s: usize, rail: usize) {
+        match self.sides[s].session.payload_done(rail) {
+            Ok(()) => {
+                self.sides[s].rx[rail] = Rx::fresh();
+                self.after_event(Event::PayloadDone { side: s, rail });
+            }
+            Err(e) => {
+                self.sides[s].errors.push((rail, e));
+                self.sides[s].rx[rail] = Rx::Dead;
+                self.collect_retry(s);
+                self.sides[s].drain();
+            }
         }
     }
 
@@ -669,6 +829,17 @@ impl Sim {
         let s = match ev {
             Event::Frame { side, .. } | Event::PayloadDone { side, .. } => side,
         };
+        if self.trace {
+            let st = match &self.sides[s].rx[match ev {
+                Event::Frame { rail, .. } | Event::PayloadDone { rail, .. } => rail,
+            }] {
+                Rx::Stalled { .. } => "stalled",
+                Rx::Payload { .. } => "payload",
+                _ => "",
+            };
+            eprintln!("[{:?}] {ev:?} {st}", self.now);
+        }
+        self.process_dead(s);
         self.collect_retry(s);
         self.sides[s].drain();
         if let Some(obs) = self.observe.as_mut() {
@@ -722,21 +893,25 @@ impl Sim {
     /// stops making progress or runs past `max_steps`.
     pub fn run_until(&mut self, max_steps: u64, mut done: impl FnMut(&mut Sim) -> bool) {
         let start = self.steps;
+        let mut idle = 0u32;
         while !done(self) {
             assert!(
                 self.steps - start < max_steps,
-                "seed {}: no completion after {max_steps} steps\n{}",
+                "seed {}: not done after {max_steps} steps\n{}",
                 self.seed,
                 self.describe()
             );
-            if !self.step() {
+            if self.step() {
+                idle = 0;
+            } else {
+                // Nothing can happen; `done` may still change that (e.g. post a receive).
+                idle += 1;
                 assert!(
-                    done(self),
+                    idle < 10_000,
                     "seed {}: simulation idle or deadlocked before done\n{}",
                     self.seed,
                     self.describe()
                 );
-                return;
             }
         }
     }
@@ -801,7 +976,9 @@ impl Sim {
                 let st = match &s.rx[r] {
                     Rx::Header { have, .. } => format!("header({have})"),
                     Rx::Payload { left, .. } => format!("payload(left {left})"),
-                    Rx::Stalled { hdr, retry } => format!("stalled(seq {} {:?}, retry {retry})", hdr.seq, hdr.opcode),
+                    Rx::Stalled { hdr, retry } => {
+                        format!("stalled(seq {} {:?}, retry {retry})", hdr.seq, hdr.opcode)
+                    }
                     Rx::Dead => "dead".into(),
                 };
                 out += &format!(
@@ -817,7 +994,13 @@ impl Sim {
 
 /// Splits `len` bytes of `region` starting at `offset` into 1 to `max_pieces` scatter/gather
 /// entries at random boundaries (some may be empty).
-pub fn random_sgl(rng: &mut Rng, region: &Region, offset: usize, len: usize, max_pieces: usize) -> Vec<Sge> {
+pub fn random_sgl(
+    rng: &mut Rng,
+    region: &Region,
+    offset: usize,
+    len: usize,
+    max_pieces: usize,
+) -> Vec<Sge> {
     let pieces = rng.urange(1, max_pieces.max(1));
     let mut cuts: Vec<usize> = (1..pieces).map(|_| rng.urange(0, len)).collect();
     cuts.sort_unstable();
