@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -94,6 +94,8 @@ struct ContextInner {
     registry: Arc<Registry>,
     engine: Arc<Engine>,
     secret: Option<Arc<[u8]>>,
+    /// Endpoints accepted here, by their session id: where re-joining rails go.
+    live: Mutex<HashMap<u64, Weak<EndpointShared>>>,
 }
 
 /// braid's per-process state: the registry of regions and the progress engine thread that
@@ -126,6 +128,7 @@ impl Context {
                 registry: Arc::new(Registry::with_limit(cfg.max_registered_bytes)),
                 engine: Arc::new(engine),
                 secret: cfg.secret.map(Arc::from),
+                live: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -190,12 +193,7 @@ impl Context {
             l.set_nonblocking(true)?;
             sockets.push(l);
         }
-        Ok(Listener {
-            ctx: self.clone(),
-            sockets,
-            pending: Mutex::new(HashMap::new()),
-            closed: AtomicBool::new(false),
-        })
+        Listener::start(self.clone(), sockets)
     }
 
     /// Opens an endpoint to a peer over `rails` (one TCP connection each, rail `i` from
@@ -218,11 +216,20 @@ impl Context {
                 session_id,
                 opts,
                 self.inner.secret.as_deref(),
+                false,
             )?;
             crc = peer_caps & caps::PAYLOAD_CRC32C != 0;
             streams.push(stream);
         }
-        self.start_endpoint(streams, opts, crc)
+        let redial = Redial {
+            rails: rails.to_vec(),
+            session_id,
+            opts: opts.clone(),
+            secret: self.inner.secret.clone(),
+            engine: self.inner.engine.kicker(),
+            busy: Mutex::new(0),
+        };
+        self.start_endpoint(streams, opts, crc, Some(redial))
     }
 
     fn start_endpoint(
@@ -230,6 +237,7 @@ impl Context {
         streams: Vec<TcpStream>,
         opts: &EndpointOptions,
         crc: bool,
+        redial: Option<Redial>,
     ) -> Result<Endpoint, Error> {
         let mut addrs = Vec::new();
         for s in &streams {
@@ -241,9 +249,15 @@ impl Context {
         let mut cfg = opts.session.clone();
         cfg.payload_crc = crc;
         let session = Session::new(cfg, self.inner.registry.clone(), streams.len(), id);
-        let shared = Arc::new(EndpointShared {
+        let redial = redial.map(Arc::new);
+        let shared = Arc::new_cyclic(|weak: &Weak<EndpointShared>| EndpointShared {
             id,
             peer: addrs[0].1.to_string(),
+            redial: redial.map(|r| {
+                let weak = weak.clone();
+                Box::new(move |rail| r.start(weak.clone(), rail))
+                    as Box<dyn Fn(usize) + Send + Sync>
+            }),
             session: Mutex::new(session),
             rails: streams.into_iter().map(RailIo::new).collect(),
             send_cq: opts.send_cq.clone(),
@@ -258,6 +272,74 @@ impl Context {
             engine: self.inner.engine.clone(),
             rails: addrs,
         })
+    }
+}
+
+/// Re-dials failed rails of an endpoint this side connected, so they rejoin its session.
+struct Redial {
+    rails: Vec<RailAddr>,
+    session_id: u64,
+    opts: EndpointOptions,
+    secret: Option<Arc<[u8]>>,
+    engine: Arc<crate::engine::EngineShared>,
+    /// Rails being re-dialled (a bit per rail).
+    busy: Mutex<u64>,
+}
+
+impl Redial {
+    fn start(self: &Arc<Self>, ep: Weak<EndpointShared>, rail: usize) {
+        {
+            let mut busy = self.busy.lock();
+            if *busy & (1 << rail) != 0 {
+                return;
+            }
+            *busy |= 1 << rail;
+        }
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("braid-redial-{rail}"))
+            .spawn(move || me.run(ep, rail));
+        if spawned.is_err() {
+            *self.busy.lock() &= !(1 << rail);
+        }
+    }
+
+    /// Tries once per interval until the rail is back or the endpoint is gone.
+    fn run(&self, ep: Weak<EndpointShared>, rail: usize) {
+        let interval = self
+            .opts
+            .session
+            .keepalive_interval
+            .max(Duration::from_millis(200));
+        loop {
+            // A pause between attempts, not synchronisation: the peer's link may take any time.
+            std::thread::sleep(interval);
+            let Some(shared) = ep.upgrade() else { break };
+            if shared.closed.load(Ordering::Acquire) || shared.session.lock().is_failed() {
+                break;
+            }
+            let attempt = connect_rail(
+                &self.rails[rail],
+                rail as u16,
+                self.rails.len() as u16,
+                self.session_id,
+                &self.opts,
+                self.secret.as_deref(),
+                true,
+            );
+            match attempt {
+                Ok((stream, _)) => {
+                    self.engine.send(Command::Restore {
+                        id: shared.id,
+                        rail,
+                        stream,
+                    });
+                    break;
+                }
+                Err(e) => tracing::debug!(endpoint = shared.id, rail, "re-dial failed: {e}"),
+            }
+        }
+        *self.busy.lock() &= !(1 << rail);
     }
 }
 
@@ -277,6 +359,7 @@ fn connect_rail(
     session_id: u64,
     opts: &EndpointOptions,
     secret: Option<&[u8]>,
+    rejoin: bool,
 ) -> Result<(TcpStream, u32), Error> {
     let s = Socket::new(Domain::for_address(r.remote), Type::STREAM, None)?;
     if let Some(local) = r.local {
@@ -304,6 +387,9 @@ fn connect_rail(
     }
     if secret.is_some() {
         capabilities |= caps::AUTH;
+    }
+    if rejoin {
+        capabilities |= caps::REJOIN;
     }
     let hello = Hello {
         version: HANDSHAKE_VERSION,
@@ -444,10 +530,24 @@ struct PendingSession {
 
 /// Accepts endpoints whose rails connect to its addresses. Rails of one endpoint are joined
 /// by the session id of their handshake, whichever address they arrive on.
+///
+/// A background thread runs every handshake, so that a failed rail of an endpoint accepted
+/// here can re-join it at any time, as long as the listener exists.
 pub struct Listener {
+    shared: Arc<ListenerShared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct ListenerShared {
     ctx: Context,
     sockets: Vec<TcpListener>,
     pending: Mutex<HashMap<u64, PendingSession>>,
+    /// Sessions whose rails have all arrived: (rails, payload CRC, session id).
+    ready: Mutex<std::collections::VecDeque<(Vec<TcpStream>, bool, u64)>>,
+    ready_cv: parking_lot::Condvar,
+    /// The acceptor asks for payload CRCs (set from the options of `accept`).
+    want_crc: AtomicBool,
+    chunk_size: std::sync::atomic::AtomicU32,
     closed: AtomicBool,
 }
 
@@ -459,10 +559,43 @@ impl std::fmt::Debug for Listener {
     }
 }
 
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.close();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 impl Listener {
+    fn start(ctx: Context, sockets: Vec<TcpListener>) -> Result<Listener, Error> {
+        let shared = Arc::new(ListenerShared {
+            ctx,
+            sockets,
+            pending: Mutex::new(HashMap::new()),
+            ready: Mutex::new(std::collections::VecDeque::new()),
+            ready_cv: parking_lot::Condvar::new(),
+            want_crc: AtomicBool::new(false),
+            chunk_size: std::sync::atomic::AtomicU32::new(
+                crate::proto::SessionConfig::default().chunk_size as u32,
+            ),
+            closed: AtomicBool::new(false),
+        });
+        let s2 = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("braid-listener".into())
+            .spawn(move || s2.run())?;
+        Ok(Listener {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
     /// The bound addresses (with the ports the kernel chose for port 0).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.sockets
+        self.shared
+            .sockets
             .iter()
             .filter_map(|s| s.local_addr().ok())
             .collect()
@@ -472,11 +605,44 @@ impl Listener {
     /// the handshake. Rails that fail the handshake are refused and logged, and do not end
     /// the wait.
     pub fn accept(&self, opts: &EndpointOptions, timeout: Duration) -> Result<Endpoint, Error> {
+        let sh = &self.shared;
+        sh.want_crc
+            .store(opts.session.payload_crc, Ordering::Release);
+        sh.chunk_size
+            .store(opts.session.chunk_size as u32, Ordering::Release);
         let deadline = Instant::now() + timeout;
+        let mut ready = sh.ready.lock();
         loop {
-            if self.closed.load(Ordering::Acquire) {
+            if sh.closed.load(Ordering::Acquire) {
                 return Err(Error::InvalidArgument("listener closed".into()));
             }
+            if let Some((streams, crc, session_id)) = ready.pop_front() {
+                drop(ready);
+                let ep = sh.ctx.start_endpoint(streams, opts, crc, None)?;
+                let mut live = sh.ctx.inner.live.lock();
+                live.retain(|_, w| w.strong_count() > 0);
+                live.insert(session_id, Arc::downgrade(&ep.shared));
+                return Ok(ep);
+            }
+            if sh.ready_cv.wait_until(&mut ready, deadline).timed_out() && ready.is_empty() {
+                return Err(Error::Timeout("no endpoint connected".into()));
+            }
+        }
+    }
+
+    /// Stops accepting; rails of incomplete sessions are closed. Endpoints already accepted
+    /// keep running, but their failed rails can no longer re-join.
+    pub fn close(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.pending.lock().clear();
+        self.shared.ready_cv.notify_all();
+    }
+}
+
+impl ListenerShared {
+    /// The background loop: accept connections and run their handshakes until closed.
+    fn run(&self) {
+        while !self.closed.load(Ordering::Acquire) {
             self.pending.lock().retain(|id, p| {
                 let keep = p.since.elapsed() < PENDING_SESSION_TIMEOUT;
                 if !keep {
@@ -487,10 +653,6 @@ impl Listener {
                 }
                 keep
             });
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout("no endpoint connected".into()));
-            }
             let mut fds: Vec<libc::pollfd> = self
                 .sockets
                 .iter()
@@ -500,15 +662,15 @@ impl Listener {
                     revents: 0,
                 })
                 .collect();
-            let wait_ms = (deadline - now).as_millis().clamp(1, 1000) as i32;
-            // SAFETY: fds is a valid array of pollfd.
-            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, wait_ms) };
+            // SAFETY: fds is a valid array of pollfd; 100 ms bounds the reaction to close().
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 100) };
             if r < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Err(e.into());
+                tracing::error!("listener poll failed: {e}");
+                break;
             }
             for (i, pfd) in fds.iter().enumerate() {
                 if pfd.revents == 0 {
@@ -517,10 +679,16 @@ impl Listener {
                 let (stream, from) = match self.sockets[i].accept() {
                     Ok(x) => x,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                    Err(e) => return Err(e.into()),
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        continue;
+                    }
                 };
-                match self.handshake(stream, from, opts) {
-                    Ok(Some((streams, crc))) => return self.ctx.start_endpoint(streams, opts, crc),
+                match self.handshake(stream, from) {
+                    Ok(Some(done)) => {
+                        self.ready.lock().push_back(done);
+                        self.ready_cv.notify_all();
+                    }
                     Ok(None) => {}
                     Err(e) => tracing::warn!(peer = %from, "refused a rail: {e}"),
                 }
@@ -534,8 +702,7 @@ impl Listener {
         &self,
         mut stream: TcpStream,
         from: SocketAddr,
-        opts: &EndpointOptions,
-    ) -> Result<Option<(Vec<TcpStream>, bool)>, Error> {
+    ) -> Result<Option<(Vec<TcpStream>, bool, u64)>, Error> {
         stream.set_nonblocking(false)?;
         stream.set_read_timeout(Some(ACCEPT_HANDSHAKE_TIMEOUT))?;
         stream.set_write_timeout(Some(ACCEPT_HANDSHAKE_TIMEOUT))?;
@@ -543,14 +710,15 @@ impl Listener {
         read_handshake(&mut stream, &mut buf)?;
         let hello =
             Hello::decode(&buf).map_err(|source| Error::Handshake { peer: from, source })?;
-        let crc = opts.session.payload_crc || hello.capabilities & caps::PAYLOAD_CRC32C != 0;
+        let crc =
+            self.want_crc.load(Ordering::Acquire) || hello.capabilities & caps::PAYLOAD_CRC32C != 0;
         let mut reply = HelloReply {
             version: HANDSHAKE_VERSION,
             rail_index: hello.rail_index,
             rail_count: hello.rail_count,
             status: HandshakeStatus::Accepted,
             capabilities: if crc { caps::PAYLOAD_CRC32C } else { 0 },
-            max_chunk: opts.session.chunk_size as u32,
+            max_chunk: self.chunk_size.load(Ordering::Acquire),
             session_id: hello.session_id,
             auth: [0; MAC_LEN],
         };
@@ -618,6 +786,38 @@ impl Listener {
                 hello.rail_index,
             );
         }
+        if hello.capabilities & caps::REJOIN != 0 {
+            // A failed rail of an endpoint accepted earlier comes back.
+            let ep = self
+                .ctx
+                .inner
+                .live
+                .lock()
+                .get(&hello.session_id)
+                .and_then(Weak::upgrade);
+            let Some(ep) = ep.filter(|e| (hello.rail_index as usize) < e.rails.len()) else {
+                let status = refuse(stream, reply, HandshakeStatus::Refused);
+                return Err(Error::Refused {
+                    peer: from,
+                    rail: hello.rail_index,
+                    status,
+                });
+            };
+            reply.capabilities = if ep.session.lock().config().payload_crc {
+                caps::PAYLOAD_CRC32C
+            } else {
+                0
+            };
+            stream.write_all(&reply.encode())?;
+            stream.set_read_timeout(None)?;
+            stream.set_write_timeout(None)?;
+            self.ctx.inner.engine.send(Command::Restore {
+                id: ep.id,
+                rail: hello.rail_index as usize,
+                stream,
+            });
+            return Ok(None);
+        }
         let mut pending = self.pending.lock();
         let p = pending
             .entry(hello.session_id)
@@ -648,14 +848,9 @@ impl Listener {
                     .map(|s| s.expect("all present"))
                     .collect(),
                 crc,
+                hello.session_id,
             )));
         }
         Ok(None)
-    }
-
-    /// Stops accepting; rails of incomplete sessions are closed.
-    pub fn close(&self) {
-        self.closed.store(true, Ordering::Release);
-        self.pending.lock().clear();
     }
 }

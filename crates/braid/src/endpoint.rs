@@ -164,9 +164,7 @@ impl Endpoint {
     /// Shuts rail `rail`'s socket down, as a cable pull would (for failover tests).
     #[doc(hidden)]
     pub fn break_rail_for_test(&self, rail: usize) {
-        let _ = self.shared.rails[rail]
-            .stream
-            .shutdown(std::net::Shutdown::Both);
+        self.shared.rails[rail].shutdown();
     }
 
     /// Which rails are still in use.

@@ -131,3 +131,59 @@ fn losing_every_rail_fails_every_operation_once() {
     );
     assert!(p.client.is_closed());
 }
+
+#[test]
+fn a_broken_rail_rejoins_and_carries_traffic_again() {
+    use braid::{Context, EndpointOptions, RailAddr};
+    use std::net::SocketAddr;
+    use std::time::{Duration, Instant};
+    let server = Context::new().unwrap();
+    let client = Context::new().unwrap();
+    let (scq, ccq) = (server.create_cq(1024), client.create_cq(1024));
+    let addrs: Vec<SocketAddr> = (0..3).map(|i| SocketAddr::new(rail_ip(i), 0)).collect();
+    // The listener stays alive: re-joining rails come back through it.
+    let listener = server.listen(&addrs).unwrap();
+    let rails: Vec<RailAddr> = listener
+        .local_addrs()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| RailAddr::new(Some(rail_ip(i)), *a))
+        .collect();
+    let mut copts = EndpointOptions::new(&ccq);
+    copts.session.keepalive_interval = Duration::from_millis(50);
+    let c = std::thread::spawn(move || (client.connect(&rails, &copts).unwrap(), client));
+    let sep = listener.accept(&EndpointOptions::new(&scq), WAIT).unwrap();
+    let (cep, client) = c.join().unwrap();
+    let target = server.alloc_region(16 << 20, Access::all()).unwrap();
+    let src = client.alloc_region(16 << 20, Access::all()).unwrap();
+    let data = pattern(11, 16 << 20);
+    src.write_at(0, &data).unwrap();
+
+    cep.break_rail_for_test(1);
+    // Bounded wait for the re-dial: polls the rail state, it is not a sleep-for-a-result.
+    let deadline = Instant::now() + WAIT;
+    while !(cep.rails_alive().iter().all(|a| *a) && sep.rails_alive().iter().all(|a| *a)) {
+        assert!(
+            Instant::now() < deadline,
+            "rail did not come back: {:?} {:?}",
+            cep.rails_alive(),
+            sep.rails_alive()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let before = cep.rail_bytes_sent()[1];
+    for i in 0..8u64 {
+        cep.write(i, &[src.as_sge()], &target.remote_key(), 0)
+            .unwrap();
+    }
+    for i in 0..8u64 {
+        expect_ok(&ccq, i);
+    }
+    assert!(target.to_vec(0, 16 << 20).unwrap() == data);
+    assert!(
+        cep.rail_bytes_sent()[1] > before,
+        "the re-joined rail carries data: {:?}",
+        cep.rail_bytes_sent()
+    );
+    drop(listener);
+}

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -34,14 +34,16 @@ const RX_BUF: usize = 1024;
 /// the following chunk is not pulled through the small buffer (one copy, not two).
 const BULK_PAYLOAD: u32 = 16 << 10;
 
-/// One rail's socket and transmit state.
+/// One rail's socket and transmit state. The socket is replaced when a failed rail is
+/// re-established.
 pub(crate) struct RailIo {
-    pub(crate) stream: TcpStream,
+    /// Descriptor of the current socket (read by the engine without taking the lock).
+    fd: AtomicI32,
     tx: Mutex<TxState>,
 }
 
-#[derive(Default)]
 struct TxState {
+    stream: TcpStream,
     cur: Option<Transmit>,
     off: usize,
 }
@@ -49,12 +51,31 @@ struct TxState {
 impl RailIo {
     pub(crate) fn new(stream: TcpStream) -> RailIo {
         RailIo {
-            stream,
-            tx: Mutex::new(TxState::default()),
+            fd: AtomicI32::new(stream.as_raw_fd()),
+            tx: Mutex::new(TxState {
+                stream,
+                cur: None,
+                off: 0,
+            }),
         }
     }
+
     fn fd(&self) -> RawFd {
-        self.stream.as_raw_fd()
+        self.fd.load(Ordering::Acquire)
+    }
+
+    /// Shuts the current socket down (both directions).
+    pub(crate) fn shutdown(&self) {
+        let _ = self.tx.lock().stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Puts a new connection in place of the old one (which is closed).
+    fn replace(&self, stream: TcpStream) {
+        let mut tx = self.tx.lock();
+        self.fd.store(stream.as_raw_fd(), Ordering::Release);
+        tx.stream = stream;
+        tx.cur = None;
+        tx.off = 0;
     }
 }
 
@@ -68,6 +89,8 @@ pub(crate) struct EndpointShared {
     pub(crate) recv_cq: CompletionQueue,
     pub(crate) closed: AtomicBool,
     pub(crate) kicker: Arc<EngineShared>,
+    /// On the connecting side: starts re-dialling a failed rail.
+    pub(crate) redial: Option<Box<dyn Fn(usize) + Send + Sync>>,
 }
 
 /// Outcome of writing frames on one rail.
@@ -112,7 +135,7 @@ impl EndpointShared {
             let mut pieces = Vec::with_capacity(1 + t.payload.len());
             pieces.push((t.header.as_ptr(), HEADER_LEN));
             pieces.extend_from_slice(&t.payload);
-            match io::send_pieces(io.fd(), &pieces, tx.off) {
+            match io::send_pieces(tx.stream.as_raw_fd(), &pieces, tx.off) {
                 Ok(n) => {
                     tx.off += n;
                     if tx.off >= len
@@ -165,6 +188,9 @@ impl EndpointShared {
         } else {
             // Retransmissions wait on the surviving rails.
             self.kicker.kick(self.id);
+            if let Some(re) = &self.redial {
+                re(rail);
+            }
         }
     }
 
@@ -173,7 +199,7 @@ impl EndpointShared {
         let dead = s.take_dead_rails();
         for (i, r) in self.rails.iter().enumerate() {
             if dead & (1 << i) != 0 {
-                let _ = r.stream.shutdown(std::net::Shutdown::Both);
+                r.shutdown();
             }
         }
     }
@@ -181,7 +207,7 @@ impl EndpointShared {
     pub(crate) fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
         for r in &self.rails {
-            let _ = r.stream.shutdown(std::net::Shutdown::Both);
+            r.shutdown();
         }
     }
 }
@@ -401,6 +427,15 @@ pub(crate) enum Command {
     Kick(u64),
     /// Send the endpoint's final frames, then drop it.
     Close(u64),
+    /// A new connection for a failed rail of an endpoint.
+    Restore {
+        /// The endpoint.
+        id: u64,
+        /// The rail.
+        rail: usize,
+        /// The connection, handshake done.
+        stream: TcpStream,
+    },
     /// Stop the thread.
     Stop,
 }
@@ -525,6 +560,10 @@ impl EngineLoop {
                     Command::Add(ep) => self.add(ep),
                     Command::Kick(id) => touched.push(id),
                     Command::Close(id) => self.close(id),
+                    Command::Restore { id, rail, stream } => {
+                        self.restore(id, rail, stream);
+                        touched.push(id);
+                    }
                     Command::Stop => {
                         for id in self.endpoints.keys().copied().collect::<Vec<_>>() {
                             self.close(id);
@@ -596,6 +635,44 @@ impl EngineLoop {
         // Data may have arrived before registration: edge-triggered polling would not report it.
         self.progress_rx_all(id);
         self.progress(id);
+    }
+
+    fn restore(&mut self, id: u64, rail: usize, stream: TcpStream) {
+        let Some((ep, tokens)) = self.endpoints.get(&id) else {
+            return;
+        };
+        let (ep, token) = (ep.clone(), tokens[rail]);
+        if stream.set_nonblocking(true).is_err() || stream.set_nodelay(true).is_err() {
+            return;
+        }
+        let old = ep.rails[rail].fd();
+        let _ = self.poll.registry().deregister(&mut SourceFd(&old));
+        let fd = stream.as_raw_fd();
+        ep.rails[rail].replace(stream);
+        if let Some(rx) = self.rx.get_mut(&token) {
+            rx.start = 0;
+            rx.end = 0;
+            rx.bulk = false;
+            rx.state = RxState::Header;
+        }
+        let restored = {
+            let mut s = ep.session.lock();
+            let ok = s.on_rail_restored(rail);
+            ep.deliver(&mut s);
+            ok
+        };
+        let registered = self.poll.registry().register(
+            &mut SourceFd(&fd),
+            Token(token),
+            Interest::READABLE | Interest::WRITABLE,
+        );
+        if !restored || registered.is_err() {
+            ep.rails[rail].shutdown();
+            return;
+        }
+        if let Some(rx) = self.rx.get_mut(&token) {
+            rx.run();
+        }
     }
 
     fn progress_rx_all(&mut self, id: u64) {

@@ -386,6 +386,8 @@ struct RailState {
     log: VecDeque<LogEntry>,
     /// For a dead rail: how much of it this side had consumed when it died.
     dead_consumed: Option<u64>,
+    /// A re-established rail whose first frame (`RailRestore`) has not arrived yet.
+    awaiting_restore: bool,
 }
 
 impl RailState {
@@ -407,6 +409,7 @@ impl RailState {
             crc_check: None,
             log: VecDeque::new(),
             dead_consumed: None,
+            awaiting_restore: false,
         }
     }
 
@@ -1037,6 +1040,21 @@ impl Session {
         if !self.rails[rail].alive {
             return Err(ProtocolError::RailGone);
         }
+        if self.rails[rail].awaiting_restore {
+            if h.opcode != Opcode::RailRestore {
+                return Err(ProtocolError::UnknownOperation {
+                    opcode: h.opcode,
+                    seq: h.seq,
+                });
+            }
+            let r = &mut self.rails[rail];
+            r.awaiting_restore = false;
+            r.rx_bytes = h.arg0;
+            r.rx_advertised = h.arg0;
+            r.last_rx = Some(now);
+            self.consumed(rail, HEADER_LEN as u64);
+            return Ok(RxAction::Done);
+        }
         {
             let limit = self.window(rail);
             let r = &mut self.rails[rail];
@@ -1375,6 +1393,8 @@ impl Session {
         match h.opcode {
             Opcode::RailAck => Ok(RxAction::Done),
             Opcode::Close => Err(ProtocolError::PeerClosed),
+            // Only valid as the first frame of a re-established rail (handled above).
+            Opcode::RailRestore => Err(unknown()),
             Opcode::RailDown => {
                 let r = h.arg0 as usize;
                 if r >= self.rails.len() || r == rail {
@@ -1678,6 +1698,34 @@ impl Session {
         // Responses retransmitted later are read from memory again: release the guards.
         self.reads_active.clear();
         self.retry_stalled();
+    }
+
+    /// A new connection replaces failed `rail` (if the rail was still considered alive, it is
+    /// failed over first). Both sides start by sending `RailRestore` with their byte count on
+    /// the rail, so offsets of the new connection never repeat those of the old one.
+    pub fn on_rail_restored(&mut self, rail: usize) -> bool {
+        if self.failed.is_some() {
+            return false;
+        }
+        self.rail_down(rail);
+        if self.failed.is_some() {
+            return false;
+        }
+        self.dead_pending &= !(1 << rail);
+        let r = &mut self.rails[rail];
+        r.alive = true;
+        r.awaiting_restore = true;
+        r.acked = r.tx_bytes;
+        r.rate = RateEstimator::default();
+        r.last_rx = None;
+        r.last_tx = None;
+        r.rx_pending = None;
+        r.rx_keep = None;
+        let mut restore = FrameHeader::new(Opcode::RailRestore);
+        restore.arg0 = r.tx_bytes;
+        r.ctrl.push_front(restore);
+        tracing::info!(endpoint = self.endpoint_id, rail, "rail re-established");
+        true
     }
 
     /// Rails that died since the last call (a bit per rail): the driver closes their sockets.

@@ -43,6 +43,8 @@ pub enum Opcode {
     Close = 20,
     /// The sender has given up rail `arg0`; its unacknowledged frames follow as retransmissions.
     RailDown = 21,
+    /// First frame on a re-established rail: the sender's byte count on this rail starts at `arg0`.
+    RailRestore = 22,
 }
 
 impl Opcode {
@@ -60,6 +62,7 @@ impl Opcode {
             19 => Opcode::RailAck,
             20 => Opcode::Close,
             21 => Opcode::RailDown,
+            22 => Opcode::RailRestore,
             _ => return None,
         })
     }

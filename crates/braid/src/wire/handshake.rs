@@ -32,6 +32,8 @@ pub mod caps {
     pub const PAYLOAD_CRC32C: u32 = 1 << 0;
     /// The connecting side has a cluster secret and expects the accepting side to prove it.
     pub const AUTH: u32 = 1 << 1;
+    /// The rail re-joins the existing session `session_id` in place of a failed rail.
+    pub const REJOIN: u32 = 1 << 2;
 }
 
 /// Sent by the connecting side of a rail.
