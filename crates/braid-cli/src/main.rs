@@ -12,12 +12,12 @@ use braid_cli::parse::{self, RailSpec, Rate};
 use braid_cli::testbed::{Testbed, TestbedSpec};
 use braid_cli::{demo, parse::parse_rate};
 
-// TODO(lead): bench — add `mod bench;` here and replace the placeholder `Bench` subcommand
-// below once src/bench.rs exists. The demo runs, as subprocesses:
-//   <exe> bench server --listen A:P[,A:P...]          (in host 1; must listen, serve one run, exit)
+// perftest-style benchmarks (src/bench/). The demo runs, as subprocesses:
+//   <exe> bench server --listen A:P[,A:P...]          (in host 1; listens, serves one run, exits)
 //   <exe> bench write --rails L=A:P[,...] -s SIZE -D SECS --json FILE   (in host 0)
-// FILE: one object or {"results":[...]} with size, iterations, bw_mb_s, msg_rate,
-// client_cpu_s_per_gb, server_cpu_s_per_gb.
+// FILE: {"results":[...]} with size, iterations, bw_mb_s, msg_rate, client_cpu_s_per_gb,
+// server_cpu_s_per_gb (and more).
+mod bench;
 
 /// braid: RMA striped over several Ethernet NICs — testbed, baselines, benchmarks, demo.
 #[derive(Parser, Debug)]
@@ -43,12 +43,10 @@ enum Cmd {
     },
     /// The trunking comparison: tcp, trunking and rma over 1..N shaped rails.
     Demo(DemoArgs),
-    /// braid RMA benchmarks (perftest-style). Not built yet.
-    #[command(disable_help_flag = true)]
+    /// braid RMA benchmarks (perftest-style: ib_write_bw, ib_write_lat, ...).
     Bench {
-        /// Arguments of the bench subcommand.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        #[command(subcommand)]
+        cmd: bench::BenchCmd,
     },
 }
 
@@ -355,9 +353,6 @@ fn real_main() -> Result<()> {
             };
             demo::run(&opts).map(|_| ())
         }
-        Cmd::Bench { args } => {
-            // TODO(lead): bench — replace with the real subcommand from src/bench.rs.
-            bail!("bench is not built yet (braid bench {})", args.join(" "))
-        }
+        Cmd::Bench { cmd } => bench::run(cmd),
     }
 }

@@ -1,0 +1,684 @@
+//! `braid bench`: perftest-style benchmarks of braid's operations (`ib_write_bw`,
+//! `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw`, `ib_write_lat`, `ib_send_lat`).
+//!
+//! A `bench server` listens on one address per rail and serves one client run (or runs
+//! forever); a client (`bench write|read|send|fetch-add|write-lat|send-lat`) connects an
+//! endpoint over its rails and runs one *test* per message size over it.
+//!
+//! # Control protocol
+//!
+//! Control messages are small JSON documents carried by braid itself: `send_with_imm` with
+//! the immediate [`CTRL_IMM`] into a posted receive of the peer (data `send`s carry no
+//! immediate, data `write_with_imm`s an immediate below 2^31, so the kinds never mix).
+//! Per test:
+//!
+//! 1. client → server `Setup` (operation, size, depth, verify, ...);
+//! 2. the server registers a region (bw: `slots × size`, slots = min(depth, 64 MiB / size)),
+//!    fills it with the pattern for `read`, posts receives for `send`/latency tests, and
+//!    answers `SetupReply` (remote key, slots, the TCP baseline port);
+//! 3. the client runs the operation loop;
+//! 4. client → server `Done` (iterations); the server checks the region (write + verify,
+//!    fetch-add counter) and answers `Report` (CPU seconds, per-rail bytes, verification,
+//!    and how many of its posted receives are left over);
+//! 5. the client sends that many 1-byte *pads* ([`PAD_IMM`]) to consume the leftovers, so
+//!    that the next test's messages land in the receives that test posts.
+//!
+//! A `Bye` ends the run. Every wait is bounded; an error completion (the peer vanished) is an
+//! error, never a hang.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::net::SocketAddrV4;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use braid::{
+    Access, Completion, CompletionKind, CompletionQueue, Context, Endpoint, Region, Sge, Status,
+};
+use clap::{Args, Subcommand};
+use serde::{Deserialize, Serialize};
+
+use braid_cli::parse::{self, RailSpec};
+
+mod client;
+mod output;
+mod server;
+mod tcp;
+
+/// Size of a control message buffer.
+pub const CTRL_LEN: usize = 4096;
+/// Immediate of control messages.
+pub const CTRL_IMM: u32 = 0xC7A1_B00C;
+/// Immediate of pads (consume a leftover receive, carry nothing).
+pub const PAD_IMM: u32 = 0xC7A1_FADE;
+/// Data immediates stay below this.
+pub const DATA_IMM_MASK: u32 = 0x7FFF_FFFF;
+const CTRL_WR: u64 = u64::MAX - 1;
+const PAD_WR: u64 = u64::MAX - 2;
+/// Most bytes of data buffers per side and test.
+pub const BUF_CAP: usize = 64 << 20;
+/// Largest message size accepted.
+pub const MAX_SIZE: usize = 1 << 30;
+/// Largest depth (the session's default outstanding limit is 1024).
+pub const MAX_DEPTH: usize = 1000;
+const CQ_CAP: usize = 4096;
+const PROTO_VERSION: u32 = 1;
+/// Seed offset of the read test's server pattern.
+pub const READ_SEED: u64 = 0x5EED_0000_0000;
+
+/// `braid bench ...`
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Serve benchmark clients: listen on one address per rail, serve one client run, exit.
+    Server(ServerArgs),
+    /// RDMA write bandwidth (ib_write_bw).
+    Write(ClientArgs),
+    /// RDMA read bandwidth (ib_read_bw).
+    Read(ClientArgs),
+    /// Send/receive bandwidth (ib_send_bw).
+    Send(ClientArgs),
+    /// 8-byte fetch-add rate (ib_atomic_bw).
+    FetchAdd(ClientArgs),
+    /// Write-with-immediate ping-pong latency (ib_write_lat).
+    WriteLat(ClientArgs),
+    /// Send/receive ping-pong latency (ib_send_lat).
+    SendLat(ClientArgs),
+}
+
+/// Server options.
+#[derive(Args, Debug, Clone)]
+pub struct ServerArgs {
+    /// Addresses to listen on, IP[:PORT] (default port 18515), one per rail.
+    #[arg(long, value_parser = parse::parse_addrs)]
+    pub listen: std::vec::Vec<SocketAddrV4>,
+    /// Serve exactly one client run and exit (the default).
+    #[arg(long, conflicts_with = "forever")]
+    pub once: bool,
+    /// Serve client runs until killed.
+    #[arg(long)]
+    pub forever: bool,
+    /// Seconds to wait for a client (and for its next message); exit with an error after.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout: f64,
+    /// Chunk size of the server's endpoint (read responses are cut in chunks of this size).
+    #[arg(long, value_parser = parse::parse_size)]
+    pub chunk: Option<usize>,
+    /// Busy-poll this long (µs) in completion-queue waits before sleeping.
+    #[arg(long)]
+    pub spin_us: Option<u64>,
+}
+
+/// Client options (perftest's letters where they exist).
+#[derive(Args, Debug, Clone)]
+pub struct ClientArgs {
+    /// Rails: LOCAL=REMOTE:PORT[,LOCAL=REMOTE:PORT...], one per NIC.
+    #[arg(long, value_parser = parse::parse_rails)]
+    pub rails: std::vec::Vec<RailSpec>,
+    /// Message size in bytes (K/M/G suffixes are powers of 1024). Default 65536 for
+    /// bandwidth tests, 2 for latency tests, 8 for fetch-add.
+    #[arg(short = 's', long, value_parser = parse::parse_size)]
+    pub size: Option<usize>,
+    /// All sizes from 2 B to 8 MiB, powers of two.
+    #[arg(short = 'a', long = "all", conflicts_with = "size")]
+    pub all: bool,
+    /// Iterations per size (default 5000 for bandwidth, 1000 for latency, unless -D is given).
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u64>,
+    /// Seconds per size: run until D seconds or -n iterations, whichever comes first.
+    #[arg(short = 'D', long = "duration")]
+    pub duration: Option<f64>,
+    /// Operations in flight (bandwidth tests).
+    #[arg(short = 'q', long = "depth", default_value_t = 16)]
+    pub depth: usize,
+    /// Fill sources with a per-iteration pattern and check every byte at the destination.
+    #[arg(long)]
+    pub verify: bool,
+    /// Write the results as JSON ({"results": [...]}) to FILE ("-" for stdout).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Also measure plain TCP on rail 0's path (stream or ping-pong) and report ratios.
+    #[arg(long)]
+    pub baseline: bool,
+    /// With --baseline on bandwidth tests: alternate braid and TCP this many times (each
+    /// gets -D/ROUNDS and -n/ROUNDS per round), so load changes on a shared machine hit both.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+    /// Chunk size of the endpoint (SessionConfig.chunk_size).
+    #[arg(long, value_parser = parse::parse_size)]
+    pub chunk: Option<usize>,
+    /// Busy-poll this long (µs) in completion-queue waits before sleeping (both sides).
+    #[arg(long)]
+    pub spin_us: Option<u64>,
+    /// Latency tests: skip the blocking-wait variant (measure busy polling only).
+    #[arg(long)]
+    pub poll_only: bool,
+    /// Seconds without any completion after which the server is declared gone.
+    #[arg(long, default_value_t = 10.0)]
+    pub op_timeout: f64,
+}
+
+/// What one test measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Op {
+    /// RDMA write bandwidth.
+    Write,
+    /// RDMA read bandwidth.
+    Read,
+    /// Send bandwidth.
+    Send,
+    /// Fetch-add rate.
+    FetchAdd,
+    /// Write-with-imm ping-pong.
+    WriteLat,
+    /// Send ping-pong.
+    SendLat,
+    /// Plain TCP stream on rail 0's path.
+    TcpStream,
+    /// Plain TCP ping-pong on rail 0's path.
+    TcpPingPong,
+}
+
+impl Op {
+    /// Name as in the CLI and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Send => "send",
+            Op::FetchAdd => "fetch-add",
+            Op::WriteLat => "write-lat",
+            Op::SendLat => "send-lat",
+            Op::TcpStream => "tcp-stream",
+            Op::TcpPingPong => "tcp-ping-pong",
+        }
+    }
+
+    /// A ping-pong latency test.
+    pub fn is_lat(self) -> bool {
+        matches!(self, Op::WriteLat | Op::SendLat | Op::TcpPingPong)
+    }
+}
+
+/// Control messages.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum Ctrl {
+    /// Client → server: start a test.
+    Setup(Setup),
+    /// Server → client: ready (or why not).
+    SetupReply(SetupReply),
+    /// Client → server: the loop is over.
+    Done(Done),
+    /// Server → client: the server's figures.
+    Report(Report),
+    /// Client → server: no more tests.
+    Bye,
+}
+
+/// A test's parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Setup {
+    /// Control protocol version.
+    pub version: u32,
+    /// Operation.
+    pub op: Op,
+    /// Message size.
+    pub size: usize,
+    /// Operations in flight.
+    pub depth: usize,
+    /// Check data.
+    pub verify: bool,
+    /// Latency tests: block in `cq.wait` instead of busy-polling.
+    pub wait_mode: bool,
+    /// Longest the client will run the loop (the server waits this plus its timeout).
+    pub max_seconds: f64,
+    /// Spin of CQ waits, µs.
+    pub spin_us: Option<u64>,
+    /// The client's region key (write-lat: where the server writes back).
+    pub client_key: Option<Vec<u8>>,
+}
+
+/// The server's answer to [`Setup`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SetupReply {
+    /// Why the test cannot run.
+    pub error: Option<String>,
+    /// RemoteKey bytes of the server's region.
+    pub key: Vec<u8>,
+    /// Message-size slots in the region.
+    pub slots: usize,
+    /// Receives the server keeps posted.
+    pub recvs: usize,
+    /// Port of the TCP baseline listener (on rail 0's listen address).
+    pub tcp_port: Option<u16>,
+}
+
+/// End of a test's loop.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Done {
+    /// Operations the client completed (including latency warm-up).
+    pub iterations: u64,
+}
+
+/// The server's figures of one test.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Report {
+    /// Set when the server failed the test.
+    pub error: Option<String>,
+    /// CPU seconds (user + system, whole process) from the setup reply to `Done`.
+    pub cpu_s: f64,
+    /// Wall seconds over the same span.
+    pub seconds: f64,
+    /// Payload bytes the server sent per rail during the test.
+    pub rail_bytes: Vec<u64>,
+    /// Result of the server's check (write + verify, send + verify, fetch-add, latency + verify).
+    pub verified: Option<bool>,
+    /// What the check found.
+    pub verify_detail: Option<String>,
+    /// Messages the server received (send, latency) or served (tcp).
+    pub messages: u64,
+    /// Bytes the server received (send, tcp).
+    pub bytes: u64,
+    /// Receives still posted at the server; the client sends this many pads.
+    pub leftover_recvs: usize,
+}
+
+/// Dispatches `braid bench ...`.
+pub fn run(cmd: BenchCmd) -> Result<()> {
+    match cmd {
+        BenchCmd::Server(a) => server::run(&a),
+        BenchCmd::Write(a) => client::run(Op::Write, &a),
+        BenchCmd::Read(a) => client::run(Op::Read, &a),
+        BenchCmd::Send(a) => client::run(Op::Send, &a),
+        BenchCmd::FetchAdd(a) => client::run(Op::FetchAdd, &a),
+        BenchCmd::WriteLat(a) => client::run(Op::WriteLat, &a),
+        BenchCmd::SendLat(a) => client::run(Op::SendLat, &a),
+    }
+}
+
+/// Validates a seconds argument.
+pub fn secs(s: f64, what: &str) -> Result<Duration> {
+    if !(s > 0.0 && s <= 86_400.0) {
+        bail!("{what} must be between 0 and 86400 seconds, got {s}");
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Fills `buf` with the pattern of `seed` (iteration or slot): every 8-byte word depends on
+/// the seed and its offset, so stale, misplaced or foreign data shows.
+pub fn fill_pattern(seed: u64, buf: &mut [u8]) {
+    let base = mix(seed ^ 0xB4A1_D5EE_D000_0000);
+    let mut chunks = buf.chunks_exact_mut(8);
+    let mut w = 0u64;
+    for c in &mut chunks {
+        let v = base ^ w.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        c.copy_from_slice(&(v ^ (v >> 29)).to_le_bytes());
+        w += 1;
+    }
+    let rest = chunks.into_remainder();
+    if !rest.is_empty() {
+        let v = base ^ w.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let b = (v ^ (v >> 29)).to_le_bytes();
+        rest.copy_from_slice(&b[..rest.len()]);
+    }
+}
+
+/// Compares `got` with the pattern of `seed`; `Err(first bad offset)`.
+pub fn check_pattern(seed: u64, got: &[u8], scratch: &mut Vec<u8>) -> Result<(), usize> {
+    scratch.resize(got.len(), 0);
+    fill_pattern(seed, scratch);
+    if got == &scratch[..] {
+        return Ok(());
+    }
+    Err(got
+        .iter()
+        .zip(scratch.iter())
+        .position(|(a, b)| a != b)
+        .unwrap_or(0))
+}
+
+/// Writes the pattern of `seed` into `len` bytes of `region` at `off`.
+pub fn write_pattern(
+    region: &Region,
+    off: usize,
+    len: usize,
+    seed: u64,
+    scratch: &mut Vec<u8>,
+) -> Result<()> {
+    scratch.resize(len, 0);
+    fill_pattern(seed, scratch);
+    region.write_at(off, scratch)?;
+    Ok(())
+}
+
+/// Checks `len` bytes of `region` at `off` against the pattern of `seed`.
+pub fn region_matches(
+    region: &Region,
+    off: usize,
+    len: usize,
+    seed: u64,
+    got: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) -> Result<Result<(), usize>> {
+    got.resize(len, 0);
+    region.read_at(off, got)?;
+    Ok(check_pattern(seed, got, scratch))
+}
+
+/// Number of message-size slots of a bandwidth test's buffers.
+pub fn slots_for(size: usize, depth: usize) -> usize {
+    depth.clamp(1, (BUF_CAP / size.max(1)).max(1))
+}
+
+/// A completion's failure as an error.
+pub fn check_status(c: &Completion, what: &str) -> Result<()> {
+    match c.status {
+        Status::Success => Ok(()),
+        Status::TransportError => {
+            bail!("{what}: the connection to the peer failed (peer gone?) [{c:?}]")
+        }
+        Status::Flushed => bail!("{what}: the endpoint was closed (peer gone?) [{c:?}]"),
+        s => bail!("{what}: operation failed with {s:?} [{c:?}]"),
+    }
+}
+
+/// Posted receives by wr_id, so a completion names its buffer.
+#[derive(Default)]
+pub struct RecvPool {
+    next: u64,
+    posted: HashMap<u64, Sge>,
+}
+
+impl RecvPool {
+    /// Receives posted and not completed.
+    pub fn len(&self) -> usize {
+        self.posted.len()
+    }
+}
+
+/// One side of the benchmark connection: the endpoint, its two queues and control buffers.
+pub struct Peer {
+    /// The endpoint.
+    pub ep: Endpoint,
+    /// Completions of operations posted here.
+    pub scq: CompletionQueue,
+    /// Completions of posted receives.
+    pub rcq: CompletionQueue,
+    ctrl_tx: Region,
+    ctrl_rx: Region,
+    ctrl_rx_next: usize,
+    /// Posted receives.
+    pub pool: RecvPool,
+    /// Bound on waits for control messages and completions.
+    pub stall: Duration,
+}
+
+const CTRL_RX_SLOTS: usize = 8;
+
+impl Peer {
+    /// Wraps an endpoint made with `scq`/`rcq`.
+    pub fn new(
+        ctx: &Context,
+        ep: Endpoint,
+        scq: CompletionQueue,
+        rcq: CompletionQueue,
+        stall: Duration,
+    ) -> Result<Peer> {
+        Ok(Peer {
+            ep,
+            scq,
+            rcq,
+            ctrl_tx: ctx.alloc_region(CTRL_LEN, Access::LOCAL_WRITE)?,
+            ctrl_rx: ctx.alloc_region(CTRL_LEN * CTRL_RX_SLOTS, Access::LOCAL_WRITE)?,
+            ctrl_rx_next: 0,
+            pool: RecvPool::default(),
+            stall,
+        })
+    }
+
+    /// Creates the two queues and endpoint options for a peer.
+    pub fn options(
+        ctx: &Context,
+        chunk: Option<usize>,
+    ) -> Result<(CompletionQueue, CompletionQueue, braid::EndpointOptions)> {
+        let scq = ctx.create_cq(CQ_CAP);
+        let rcq = ctx.create_cq(CQ_CAP);
+        let mut opts = braid::EndpointOptions::new(&scq).with_recv_cq(&rcq);
+        if let Some(c) = chunk {
+            if c == 0 || c > 16 << 20 {
+                bail!("--chunk must be 1 byte .. 16 MiB");
+            }
+            opts.session.chunk_size = c;
+        }
+        Ok((scq, rcq, opts))
+    }
+
+    /// Sets the spin of both queues.
+    pub fn set_spin(&self, spin_us: Option<u64>) {
+        if let Some(us) = spin_us {
+            self.scq.set_spin(Duration::from_micros(us));
+            self.rcq.set_spin(Duration::from_micros(us));
+        }
+    }
+
+    /// Posts a receive into `sge`.
+    pub fn post_recv(&mut self, sge: Sge) -> Result<()> {
+        let id = self.pool.next;
+        self.pool.next += 1;
+        self.ep
+            .post_recv(id, std::slice::from_ref(&sge))
+            .context("posting a receive")?;
+        self.pool.posted.insert(id, sge);
+        Ok(())
+    }
+
+    /// Posts a receive for a control message.
+    pub fn post_ctrl_recv(&mut self) -> Result<()> {
+        let slot = self.ctrl_rx_next % CTRL_RX_SLOTS;
+        self.ctrl_rx_next += 1;
+        let sge = self.ctrl_rx.slice(slot * CTRL_LEN, CTRL_LEN)?;
+        self.post_recv(sge)
+    }
+
+    /// Posts a control receive unless one is already posted.
+    pub fn ensure_recv(&mut self) -> Result<()> {
+        if self.pool.len() == 0 {
+            self.post_ctrl_recv()?;
+        }
+        Ok(())
+    }
+
+    /// The buffer of a receive completion (removing it from the pool).
+    pub fn take(&mut self, c: &Completion) -> Result<Sge> {
+        self.pool
+            .posted
+            .remove(&c.wr_id)
+            .with_context(|| format!("completion of an unknown receive: {c:?}"))
+    }
+
+    /// Waits for the completion of the control send `wr_id`; other send completions must be
+    /// successful and are dropped.
+    fn wait_send(&self, wr_id: u64) -> Result<()> {
+        let deadline = Instant::now() + self.stall;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!(
+                    "no completion of a control message within {:?} (peer gone?)",
+                    self.stall
+                );
+            }
+            if let Some(c) = self.scq.wait(left) {
+                check_status(&c, "control send")?;
+                if c.wr_id == wr_id {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Sends a control message and waits until the peer has it.
+    pub fn send_ctrl(&mut self, msg: &Ctrl) -> Result<()> {
+        let bytes = serde_json::to_vec(msg)?;
+        if bytes.len() > CTRL_LEN {
+            bail!("control message of {} bytes is too long", bytes.len());
+        }
+        self.ctrl_tx.write_at(0, &bytes)?;
+        let sge = self.ctrl_tx.slice(0, bytes.len())?;
+        self.ep
+            .send_with_imm(CTRL_WR, &[sge], CTRL_IMM)
+            .context("sending a control message")?;
+        self.wait_send(CTRL_WR)
+    }
+
+    /// Sends `n` pads and waits for them.
+    pub fn send_pads(&mut self, n: usize) -> Result<()> {
+        for _ in 0..n {
+            let sge = self.ctrl_tx.slice(0, 1)?;
+            self.ep
+                .send_with_imm(PAD_WR, &[sge], PAD_IMM)
+                .context("sending a pad")?;
+            self.wait_send(PAD_WR)?;
+        }
+        Ok(())
+    }
+
+    /// Decodes a control message from a completed receive, or `None` for a pad.
+    pub fn decode(&mut self, c: &Completion) -> Result<Option<Ctrl>> {
+        let sge = self.take(c)?;
+        check_status(c, "control receive")?;
+        match (c.kind, c.imm) {
+            (CompletionKind::Recv, Some(PAD_IMM)) => Ok(None),
+            (CompletionKind::Recv, Some(CTRL_IMM)) => {
+                let len = (c.byte_len as usize).min(sge.len);
+                let b = sge.region.to_vec(sge.offset, len)?;
+                let m: Ctrl = serde_json::from_slice(&b).with_context(|| {
+                    format!(
+                        "bad control message {:?}",
+                        String::from_utf8_lossy(&b[..b.len().min(200)])
+                    )
+                })?;
+                Ok(Some(m))
+            }
+            _ => bail!("unexpected completion where a control message was due: {c:?}"),
+        }
+    }
+
+    /// Waits up to `timeout` for the next control message (skipping pads).
+    pub fn wait_ctrl(&mut self, timeout: Duration) -> Result<Ctrl> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("no control message from the peer within {timeout:?} (peer gone?)");
+            }
+            if let Some(c) = self.rcq.wait(left.min(Duration::from_millis(500))) {
+                if let Some(m) = self.decode(&c)? {
+                    return Ok(m);
+                }
+            } else if self.ep.is_closed() {
+                bail!("the endpoint closed while waiting for a control message (peer gone?)");
+            }
+        }
+    }
+
+    /// Per-rail bytes sent so far.
+    pub fn rail_bytes(&self) -> Vec<u64> {
+        self.ep.rail_bytes_sent()
+    }
+}
+
+/// Per-rail difference.
+pub fn rail_delta(after: &[u64], before: &[u64]) -> Vec<u64> {
+    after
+        .iter()
+        .enumerate()
+        .map(|(i, a)| a.saturating_sub(before.get(i).copied().unwrap_or(0)))
+        .collect()
+}
+
+/// A progress bar that appears once a test has run for ~2 s, on stderr, only on a terminal.
+pub struct Progress {
+    t0: Instant,
+    last: Instant,
+    bar: Option<indicatif::ProgressBar>,
+    duration: Option<Duration>,
+    iters: u64,
+    label: String,
+    enabled: bool,
+}
+
+impl Progress {
+    /// Starts timing a test bounded by `duration` and/or `iters`.
+    pub fn new(label: String, duration: Option<Duration>, iters: u64) -> Progress {
+        let now = Instant::now();
+        Progress {
+            t0: now,
+            last: now,
+            bar: None,
+            duration,
+            iters,
+            label,
+            enabled: std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// Updates with `done` iterations (cheap; redraws at most every 100 ms).
+    pub fn tick(&mut self, done: u64) {
+        if !self.enabled {
+            return;
+        }
+        let now = Instant::now();
+        if now.duration_since(self.last) < Duration::from_millis(100) {
+            return;
+        }
+        self.last = now;
+        let el = now.duration_since(self.t0);
+        if self.bar.is_none() {
+            if el < Duration::from_secs(2) {
+                return;
+            }
+            let b = indicatif::ProgressBar::new(1000);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {percent}% {elapsed}/{duration}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            b.set_message(self.label.clone());
+            self.bar = Some(b);
+        }
+        let by_time = self
+            .duration
+            .map_or(0.0, |d| el.as_secs_f64() / d.as_secs_f64());
+        let by_iter = if self.iters == u64::MAX {
+            0.0
+        } else {
+            done as f64 / self.iters.max(1) as f64
+        };
+        if let Some(b) = &self.bar {
+            b.set_position((by_time.max(by_iter).min(1.0) * 1000.0) as u64);
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish(self) {
+        if let Some(b) = self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// CPU seconds of this process (user + system).
+pub fn cpu_seconds() -> f64 {
+    braid_cli::baseline::cpu_seconds()
+}
