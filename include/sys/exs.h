@@ -37,6 +37,27 @@
  *
  * Threads: all calls are thread-safe. The library runs one internal progress thread
  * ("exs-progress") that owns an io_uring.
+ *
+ * braid mode (extension)
+ * ----------------------
+ * When both ends use this library, a socket can instead ride a braid endpoint striped over
+ * several TCP "rails" (one per NIC), the sender writing straight into the buffers the
+ * receiver posted with exs_recv(). A program chooses it per socket: make an ordinary TCP
+ * connection (socket/connect on one side, accept on the other: the *bootstrap* socket),
+ * then call exs_braid_attach() on it at both ends, EXS_BRAID_CONNECT on the connecting side
+ * and EXS_BRAID_ACCEPT on the accepting side. Afterwards exs_send/exs_recv/exs_sendv/
+ * exs_recvv on that descriptor (the same number, not a dup) go over braid, with the same
+ * events, ordering and flow control; exs_poll/exs_connect/exs_accept still act on the
+ * bootstrap socket. Without exs_braid_attach() a socket stays in plain-socket mode.
+ *
+ *   Stream semantics: a receive completes when the sender's queued bytes run out or its
+ *   buffer is full (MSG_WAITALL: only when full, or at end of stream); one send may fill
+ *   several receives and, while more sends are queued, one receive takes bytes of several
+ *   sends. A send completes when every byte is placed in the peer's memory.
+ *   End of stream: shutdown(fd, SHUT_WR) or close(fd) on the bootstrap socket; the peer's
+ *   receives then complete with 0 after every byte sent before. A peer that vanishes
+ *   (process killed, rail reset) fails pending and later operations: receives with
+ *   ECONNRESET, sends with EPIPE. Do not read or write the bootstrap socket yourself.
  */
 #ifndef _SYS_EXS_H
 #define _SYS_EXS_H
@@ -95,6 +116,10 @@ typedef void *exs_ahandle_t;
 /** exs_poll() event bits (same values as POLLIN / POLLOUT). */
 #define EXS_POLLIN 0x001
 #define EXS_POLLOUT 0x004
+
+/** exs_braid_attach() flags (braid extension): which side of the bootstrap socket. */
+#define EXS_BRAID_CONNECT 0x1 /**< this side connect()ed: it opens the rails. */
+#define EXS_BRAID_ACCEPT 0x2  /**< this side accept()ed: it listens for the rails. */
 
 /** exs_cancel() flags. */
 #define EXS_CAF_FILDES 0x1
@@ -286,6 +311,34 @@ int exs_poll(int fd, short events, exs_qhandle_t q, exs_ahandle_t ah);
  * socket's operations, shutdown(fd, SHUT_RDWR) it and dequeue their events.
  */
 int exs_cancel(int fd, exs_ahandle_t ah, int flags);
+
+/**
+ * braid extension: put the connected stream socket fd (the bootstrap connection) in braid
+ * mode; both ends call it. Blocks for the exchange with the peer over fd (at most 15 s).
+ *
+ * flags: exactly one of EXS_BRAID_CONNECT (the side that called connect()) and
+ * EXS_BRAID_ACCEPT (the side that accept()ed).
+ *
+ * rails, connecting side: comma-separated entries, one per rail, each either LOCAL (a rail
+ *   from this local IP to the accepting side's next listening address) or
+ *   LOCAL=REMOTE:PORT (to an explicit address). NULL: the environment variable
+ *   EXS_BRAID_RAILS; NULL or empty and the variable unset or empty: one rail to each
+ *   address the accepting side listens on.
+ * rails, accepting side: comma-separated ADDR (an ephemeral port) or ADDR:PORT
+ *   ([ADDR]:PORT for IPv6), one per rail; these are sent to the connecting side over fd.
+ *   NULL: EXS_BRAID_LISTEN; NULL or empty and the variable unset or empty: the local
+ *   address of fd (one rail).
+ *   Example, 4 NICs: accepting side "198.18.0.2,198.18.1.2,198.18.2.2,198.18.3.2",
+ *   connecting side "198.18.0.1,198.18.1.1,198.18.2.1,198.18.3.1".
+ *
+ * Returns 0, or -1 with errno: EINVAL (flags, malformed rails), EBADF, ENOTSOCK,
+ * EOPNOTSUPP (not a TCP stream socket), ENOTCONN, EBUSY (operations outstanding on fd),
+ * EISCONN (already attached), ETIMEDOUT (the peer did not take part in time), EPROTO (the
+ * peer does not speak the exchange, or the rails that arrived are not the peer's),
+ * ECONNREFUSED (the other side could not set up its rails) or the error of a rail's
+ * connect()/bind()/listen().
+ */
+int exs_braid_attach(int fd, const char *rails, int flags);
 
 #ifdef __cplusplus
 }

@@ -166,3 +166,10 @@ pub struct exs_iovec_t {
 pub const EXS_CAF_FILDES: c_int = 0x1;
 /// `exs_cancel` flag: cancel by application handle.
 pub const EXS_CAF_AHANDLE: c_int = 0x2;
+
+/// braid extension, `exs_braid_attach` flag: this side called `connect()` on the bootstrap
+/// socket and opens the rails.
+pub const EXS_BRAID_CONNECT: c_int = 0x1;
+/// braid extension, `exs_braid_attach` flag: this side `accept()`ed the bootstrap socket and
+/// listens for the rails.
+pub const EXS_BRAID_ACCEPT: c_int = 0x2;

@@ -35,6 +35,58 @@ pub fn zerocopy_min() -> io::Result<usize> {
     Ok(global().map_err(err)?.zerocopy_min())
 }
 
+/// Put the connected stream socket `sock` (the *bootstrap* connection) in **braid mode**:
+/// from now on [`Queue::send`]/[`Queue::recv`] (and `exs_send`/`exs_recv`/`exs_sendv`/
+/// `exs_recvv` from C) on it travel over a braid endpoint striped over several rails, the
+/// sender writing straight into the receive buffers the receiving side posted.
+///
+/// Both ends call it, one with [`BraidRole::Connect`] (the side that called `connect()`),
+/// the other with [`BraidRole::Accept`]; it blocks until the endpoint is up (at most 15 s,
+/// see [`braid_attach_timeout`]). `rails`:
+///
+/// * connecting side: comma-separated `LOCAL` (a rail from this local IP to the accepting
+///   side's next listening address) or `LOCAL=REMOTE:PORT` (a rail to an explicit address).
+///   `None`: the environment variable `EXS_BRAID_RAILS`, and if that is unset or empty, one
+///   rail to each of the accepting side's addresses.
+/// * accepting side: comma-separated `ADDR` (listen on an ephemeral port) or `ADDR:PORT`, one
+///   per rail; the addresses are sent to the connecting side over `sock`. `None`: the
+///   environment variable `EXS_BRAID_LISTEN`, and if that is unset or empty, the local
+///   address of `sock` (one rail).
+///
+/// The socket must have no operation outstanding. It then stays open and idle: do not
+/// read or write it directly. `shutdown(SHUT_WR)` or `close()` on it ends the stream as on
+/// TCP: the peer's receives complete with 0 bytes after every byte sent before.
+///
+/// ```no_run
+/// # fn main() -> std::io::Result<()> {
+/// use exs::{BraidRole, Queue, braid_attach};
+/// let s = std::net::TcpStream::connect("198.18.0.2:5000")?;
+/// braid_attach(&s, BraidRole::Connect, Some("198.18.0.1,198.18.1.1,198.18.2.1,198.18.3.1"))?;
+/// let q = Queue::new(16)?;
+/// q.send(&s, vec![7u8; 1 << 20], 1).map_err(|r| r.error)?;
+/// # Ok(()) }
+/// ```
+pub fn braid_attach(
+    sock: &impl AsFd,
+    role: crate::BraidRole,
+    rails: Option<&str>,
+) -> io::Result<()> {
+    braid_attach_timeout(sock, role, rails, crate::braid_mode::ATTACH_TIMEOUT)
+}
+
+/// [`braid_attach`] with a bound on the exchange other than 15 s.
+pub fn braid_attach_timeout(
+    sock: &impl AsFd,
+    role: crate::BraidRole,
+    rails: Option<&str>,
+    timeout: Duration,
+) -> io::Result<()> {
+    global()
+        .map_err(err)?
+        .braid_attach(sock.as_fd().as_raw_fd(), role, rails, timeout)
+        .map_err(err)
+}
+
 /// Memory registered with the library. Owns its bytes; deregistered on drop.
 ///
 /// Registration lets the backend pin the pages once (an io_uring fixed buffer), so

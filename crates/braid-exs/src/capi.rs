@@ -298,3 +298,33 @@ pub extern "C" fn exs_cancel(_fd: c_int, _ah: exs_ahandle_t, _flags: c_int) -> c
     set_errno(libc::ENOSYS);
     -1
 }
+
+/// See `exs_braid_attach` in `include/sys/exs.h`: attach a connected stream socket to a
+/// braid endpoint (braid mode). Blocks for the exchange with the peer (at most 15 s).
+///
+/// # Safety
+/// `rails` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn exs_braid_attach(
+    fd: c_int,
+    rails: *const libc::c_char,
+    flags: c_int,
+) -> c_int {
+    guard(-1, || {
+        let role = match flags {
+            EXS_BRAID_CONNECT => crate::BraidRole::Connect,
+            EXS_BRAID_ACCEPT => crate::BraidRole::Accept,
+            _ => return Err(libc::EINVAL),
+        };
+        let spec = if rails.is_null() {
+            None
+        } else {
+            // SAFETY: non-null; the caller promises a NUL-terminated string.
+            let c = unsafe { std::ffi::CStr::from_ptr(rails) };
+            Some(c.to_str().map_err(|_| libc::EINVAL)?)
+        };
+        global()?
+            .braid_attach(fd, role, spec, crate::braid_mode::ATTACH_TIMEOUT)
+            .map(|_| 0)
+    })
+}

@@ -14,6 +14,7 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 use crate::abi::*;
+use crate::braid_mode::{BraidBackend, BraidRole};
 use crate::uring::UringBackend;
 
 /// An error number (`errno` value).
@@ -96,11 +97,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn deregister(&self, cookie: u32);
 }
 
-/// How a socket's bytes travel. Plain sockets use the io_uring backend; a future
-/// `Braid(endpoint)` variant will route a socket to a braid endpoint instead.
+/// How a socket's bytes travel. Plain sockets use the io_uring backend; a socket attached
+/// with `exs_braid_attach` rides a braid endpoint ([`BraidBackend`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SockMode {
     Plain,
+    /// Sends and receives of the socket are started as soon as they are submitted (the
+    /// braid backend keeps several receives advertised and several sends queued, and
+    /// completes them in order itself).
+    Braid,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -319,6 +324,9 @@ struct Core {
 pub(crate) struct Global {
     core: Mutex<Core>,
     plain: Arc<UringBackend>,
+    /// Started by the first `exs_braid_attach`.
+    braid: OnceLock<Arc<BraidBackend>>,
+    braid_start: Mutex<()>,
 }
 
 static GLOBAL: OnceLock<Result<Global, Errno>> = OnceLock::new();
@@ -335,6 +343,8 @@ pub(crate) fn global() -> Result<&'static Global, Errno> {
                     socks: HashMap::new(),
                 }),
                 plain,
+                braid: OnceLock::new(),
+                braid_start: Mutex::new(()),
             })
         })
         .as_ref()
@@ -345,7 +355,43 @@ impl Global {
     fn backend(&self, mode: SockMode) -> &dyn Backend {
         match mode {
             SockMode::Plain => &*self.plain,
+            SockMode::Braid => &**self.braid.get().expect("braid mode implies the backend"),
         }
+    }
+
+    /// The mode of a socket that has no operation outstanding.
+    fn mode_of(&self, fd: RawFd) -> Option<SockMode> {
+        match self.braid.get() {
+            Some(b) if b.is_attached(fd) => Some(SockMode::Braid),
+            _ => None,
+        }
+    }
+
+    /// Attach a connected stream socket to a braid endpoint (blocking, bounded by
+    /// `timeout`). The socket must have no operation outstanding.
+    pub(crate) fn braid_attach(
+        &self,
+        fd: RawFd,
+        role: BraidRole,
+        spec: Option<&str>,
+        timeout: std::time::Duration,
+    ) -> Result<(), Errno> {
+        crate::braid_mode::check_bootstrap(fd)?;
+        if self.core.lock().socks.contains_key(&fd) {
+            return Err(libc::EBUSY);
+        }
+        let b = match self.braid.get() {
+            Some(b) => b,
+            None => {
+                let _g = self.braid_start.lock();
+                if self.braid.get().is_none() {
+                    let b = BraidBackend::start()?;
+                    let _ = self.braid.set(b);
+                }
+                self.braid.get().expect("set above")
+            }
+        };
+        b.attach(fd, role, spec, timeout)
     }
 
     /// Set the zero-copy threshold of the plain backend (0: never).
@@ -527,10 +573,13 @@ impl Global {
         }
         let mode = match core.socks.get(&fd) {
             Some((m, _)) => *m,
-            None => {
-                probe_stream_socket(fd)?;
-                SockMode::Plain
-            }
+            None => match self.mode_of(fd) {
+                Some(m) => m,
+                None => {
+                    probe_stream_socket(fd)?;
+                    SockMode::Plain
+                }
+            },
         };
         let sock_outstanding = core.socks.get(&fd).map_or(0, |s| s.1.outstanding);
         if sock_outstanding >= EXS_SOCK_OUTSTANDING_MAX as usize {
@@ -584,7 +633,10 @@ impl Global {
         } else {
             (&mut sock.recv_busy, &mut sock.recv_fifo)
         };
-        if *busy {
+        if mode == SockMode::Braid {
+            // The braid backend orders its operations itself.
+            self.backend(mode).start(op);
+        } else if *busy {
             fifo.push_back(op);
         } else {
             *busy = true;
@@ -648,10 +700,13 @@ impl Global {
         let q = core.queues.get(qh).ok_or(libc::EINVAL)?.clone();
         let mode = match core.socks.get(&fd) {
             Some((m, _)) => *m,
-            None => {
-                probe_socket(fd)?;
-                SockMode::Plain
-            }
+            None => match self.mode_of(fd) {
+                Some(m) => m,
+                None => {
+                    probe_socket(fd)?;
+                    SockMode::Plain
+                }
+            },
         };
         if core.socks.get(&fd).map_or(0, |s| s.1.outstanding) >= EXS_SOCK_OUTSTANDING_MAX as usize {
             return Err(libc::EAGAIN);
@@ -688,7 +743,9 @@ impl Global {
             .or_insert_with(|| (mode, Sock::default()))
             .1
             .outstanding += 1;
-        self.backend(mode).start(op);
+        // Connect, accept and poll act on the socket itself (for a braid-mode socket: the
+        // idle bootstrap connection), so the plain backend serves them in every mode.
+        self.plain.start(op);
         Ok(())
     }
 }

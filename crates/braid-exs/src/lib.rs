@@ -54,12 +54,14 @@
 
 pub mod abi;
 mod api;
+mod braid_mode;
 pub mod capi;
 mod core;
 mod uring;
 
 pub use abi::*;
 pub use api::{
-    Buffer, Event, EventKind, Flags, NextEvent, Queue, Registration, Rejected, init,
-    set_zerocopy_min, zerocopy_min,
+    Buffer, Event, EventKind, Flags, NextEvent, Queue, Registration, Rejected, braid_attach,
+    braid_attach_timeout, init, set_zerocopy_min, zerocopy_min,
 };
+pub use braid_mode::BraidRole;
