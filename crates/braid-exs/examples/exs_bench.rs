@@ -7,6 +7,12 @@
 //! ```
 //! The receiver is a plain `recv()` loop in both modes. CPU is the whole process
 //! (sender, receiver and the exs progress thread), from `getrusage`.
+//!
+//! `--braid N` measures braid mode instead: exs on both ends of a socket attached with
+//! `exs::braid_attach`, over 1 rail and over N loopback rails (127.0.0.1..127.0.0.N, N <= 8),
+//! against plain `send()`/`recv()` in the same run (alternating rounds). The receiver posts
+//! `--depth` registered receives of `--size` bytes; CPU includes the braid progress engine
+//! and the exs-braid completion thread (both ends are in this process).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -23,6 +29,7 @@ struct Args {
     json: bool,
     zc_min: Option<usize>,
     unregistered: bool,
+    braid: Option<usize>,
 }
 
 fn parse() -> Args {
@@ -34,6 +41,7 @@ fn parse() -> Args {
         json: false,
         zc_min: None,
         unregistered: false,
+        braid: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -46,9 +54,10 @@ fn parse() -> Args {
             "--zc-min" => a.zc_min = Some(val().parse().expect("--zc-min")),
             "--json" => a.json = true,
             "--unregistered" => a.unregistered = true,
+            "--braid" => a.braid = Some(val().parse().expect("--braid")),
             "-h" | "--help" => {
                 println!(
-                    "exs_bench [--size B] [--seconds S] [--rounds N] [--depth D] [--zc-min B] [--unregistered] [--json]"
+                    "exs_bench [--size B] [--seconds S] [--rounds N] [--depth D] [--zc-min B] [--unregistered] [--braid RAILS] [--json]"
                 );
                 std::process::exit(0);
             }
@@ -145,8 +154,161 @@ fn round(a: &Args, exs_mode: bool) -> Round {
     }
 }
 
+/// One braid-mode round: exs sender and exs receiver on a socket attached over `rails`
+/// loopback rails.
+fn round_braid(a: &Args, rails: usize) -> Round {
+    let ips: Vec<String> = (1..=rails).map(|i| format!("127.0.0.{i}")).collect();
+    let spec = ips.join(",");
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (rx, _) = l.accept().unwrap();
+    let spec2 = spec.clone();
+    let rx = std::thread::spawn(move || {
+        exs::braid_attach(&rx, exs::BraidRole::Accept, Some(&spec2)).unwrap();
+        rx
+    });
+    exs::braid_attach(&tx, exs::BraidRole::Connect, Some(&spec)).unwrap();
+    let rx = rx.join().unwrap();
+    let (size, depth) = (a.size, a.depth);
+    let receiver = std::thread::spawn(move || {
+        let q = Queue::new(depth).unwrap();
+        for i in 0..depth {
+            q.recv(&rx, Registration::zeroed(size).unwrap(), i as u64)
+                .unwrap();
+        }
+        let (mut n, mut inflight) = (0u64, depth);
+        let mut eof = false;
+        while inflight > 0 {
+            for e in q.dequeue(depth, Some(Duration::from_secs(30))).unwrap() {
+                inflight -= 1;
+                let k = e.result().expect("braid receive");
+                n += k as u64;
+                if k == 0 {
+                    eof = true;
+                } else if !eof {
+                    q.recv(&rx, e.into_buffer().unwrap(), 0).unwrap();
+                    inflight += 1;
+                }
+            }
+        }
+        (n, Instant::now())
+    });
+    let dur = Duration::from_secs_f64(a.seconds);
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    let q = Queue::new(a.depth).unwrap();
+    let mut free: Vec<Buffer> = (0..a.depth)
+        .map(|i| Registration::new(vec![i as u8; a.size]).unwrap().into())
+        .collect();
+    let mut inflight = 0usize;
+    while t0.elapsed() < dur || inflight > 0 {
+        while t0.elapsed() < dur {
+            let Some(b) = free.pop() else { break };
+            match q.send(&tx, b, 0) {
+                Ok(()) => inflight += 1,
+                Err(r) if r.is_would_block() => {
+                    free.push(r.buffer);
+                    break;
+                }
+                Err(r) => panic!("exs_send: {}", r.error),
+            }
+        }
+        for e in q.dequeue(a.depth, Some(Duration::from_secs(10))).unwrap() {
+            e.result().expect("send event");
+            inflight -= 1;
+            free.push(e.into_buffer().unwrap());
+        }
+    }
+    tx.shutdown(std::net::Shutdown::Write).unwrap();
+    let (bytes, t1) = receiver.join().unwrap();
+    Round {
+        bytes,
+        secs: (t1 - t0).as_secs_f64(),
+        cpu: cpu_seconds() - cpu0,
+    }
+}
+
+fn sum(r: &[Round]) -> (f64, f64) {
+    let b: u64 = r.iter().map(|x| x.bytes).sum();
+    let t: f64 = r.iter().map(|x| x.secs).sum();
+    let c: f64 = r.iter().map(|x| x.cpu).sum();
+    (b as f64 / t / 1e6, c / (b as f64 / 1e9))
+}
+
+fn main_braid(a: &Args, n: usize) {
+    assert!((1..=8).contains(&n), "--braid takes 1..=8 rails");
+    let mut modes = vec![1usize];
+    if n > 1 {
+        modes.push(n);
+    }
+    let mut plain = Vec::new();
+    let mut braid: Vec<Vec<Round>> = modes.iter().map(|_| Vec::new()).collect();
+    for _ in 0..a.rounds {
+        plain.push(round(a, false));
+        for (i, &m) in modes.iter().enumerate() {
+            braid[i].push(round_braid(a, m));
+        }
+    }
+    let (s_mbs, s_cpu) = sum(&plain);
+    let res: Vec<(usize, f64, f64)> = modes
+        .iter()
+        .zip(&braid)
+        .map(|(&m, r)| {
+            let (mbs, cpu) = sum(r);
+            (m, mbs, cpu)
+        })
+        .collect();
+    if a.json {
+        let rows: Vec<String> = res
+            .iter()
+            .map(|(m, mbs, cpu)| {
+                format!(
+                    "{{\"rails\":{m},\"MBps\":{mbs:.1},\"ratio\":{:.4},\"cpu_s_per_GB\":{cpu:.3}}}",
+                    mbs / s_mbs
+                )
+            })
+            .collect();
+        println!(
+            "{{\"size\":{},\"seconds\":{},\"rounds\":{},\"depth\":{},\"send_MBps\":{:.1},\"send_cpu_s_per_GB\":{:.3},\"braid\":[{}]}}",
+            a.size,
+            a.seconds,
+            a.rounds,
+            a.depth,
+            s_mbs,
+            s_cpu,
+            rows.join(",")
+        );
+    } else {
+        println!(
+            "size {} B, {} x {} s rounds, depth {}, braid mode on loopback",
+            a.size, a.rounds, a.seconds, a.depth
+        );
+        println!(
+            "{:>16} {:>12} {:>14} {:>8}",
+            "mode", "MB/s", "CPU s/GB", "ratio"
+        );
+        println!(
+            "{:>16} {:>12.1} {:>14.3} {:>8.3}",
+            "send()", s_mbs, s_cpu, 1.0
+        );
+        for (m, mbs, cpu) in res {
+            println!(
+                "{:>16} {:>12.1} {:>14.3} {:>8.3}",
+                format!("exs braid {m} rail"),
+                mbs,
+                cpu,
+                mbs / s_mbs
+            );
+        }
+    }
+}
+
 fn main() {
     let a = parse();
+    if let Some(n) = a.braid {
+        main_braid(&a, n);
+        return;
+    }
     exs::init().expect("io_uring");
     if let Some(z) = a.zc_min {
         exs::set_zerocopy_min(z).unwrap();
@@ -157,12 +319,6 @@ fn main() {
         s.push(round(&a, false));
         e.push(round(&a, true));
     }
-    let sum = |r: &[Round]| {
-        let b: u64 = r.iter().map(|x| x.bytes).sum();
-        let t: f64 = r.iter().map(|x| x.secs).sum();
-        let c: f64 = r.iter().map(|x| x.cpu).sum();
-        (b as f64 / t / 1e6, c / (b as f64 / 1e9))
-    };
     let (s_mbs, s_cpu) = sum(&s);
     let (e_mbs, e_cpu) = sum(&e);
     let ratio = e_mbs / s_mbs;
