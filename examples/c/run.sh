@@ -2,6 +2,8 @@
 # Build libexs (release) and the C examples, then run them on loopback:
 #   (a) exs_send sender  -> plain recv() receiver
 #   (b) plain send() sender -> exs_recv receiver
+#   (c) braid mode: exs_send sender -> exs_recv receiver over 4 loopback rails
+#       (127.0.0.1..127.0.0.4), chosen with exs_braid_attach and EXS_BRAID_RAILS/LISTEN
 # Every wait is bounded; only processes started here are killed.
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -17,6 +19,7 @@ trap cleanup EXIT INT TERM
 
 cargo build --release -p braid-exs
 cc -O2 -Wall -Wextra -I include examples/c/exs_stream.c -o "$OUT/exs_stream" -L target/release -lexs
+cc -O2 -Wall -Wextra -I include examples/c/exs_braid.c -o "$OUT/exs_braid" -L target/release -lexs
 export LD_LIBRARY_PATH="$ROOT/target/release${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 run_pair() { # receiver-mode sender-mode
@@ -40,6 +43,28 @@ run_pair() { # receiver-mode sender-mode
     fi
 }
 
+run_braid() { # rails
+    rm -f "$OUT/port"
+    EXS_BRAID_LISTEN="$1" timeout 60 "$OUT/exs_braid" recv "$OUT/port" "$BYTES" &
+    RPID=$!
+    i=0
+    while [ ! -s "$OUT/port" ]; do
+        i=$((i + 1))
+        if [ $i -gt 100 ]; then echo "receiver did not start" >&2; exit 1; fi
+        sleep 0.1
+    done
+    SRC=0
+    EXS_BRAID_RAILS="$1" timeout 60 "$OUT/exs_braid" send 127.0.0.1 "$(cat "$OUT/port")" "$BYTES" || SRC=$?
+    RRC=0
+    wait "$RPID" || RRC=$?
+    RPID=
+    if [ "$SRC" -ne 0 ] || [ "$RRC" -ne 0 ]; then
+        echo "FAIL: braid mode over $1 (sender $SRC, receiver $RRC)" >&2
+        exit 1
+    fi
+}
+
 run_pair recv-plain send-exs
 run_pair recv-exs send-plain
+run_braid 127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4
 echo "all C examples passed"

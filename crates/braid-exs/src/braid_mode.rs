@@ -616,7 +616,38 @@ impl BraidBackend {
             thread: th.thread().clone(),
         });
         tx.send(me.clone()).map_err(|_| libc::EAGAIN)?;
+        // SAFETY: registering a plain extern "C" function.
+        unsafe { libc::atexit(at_exit) };
         Ok(me)
+    }
+
+    /// At process exit every attached socket's stream is ended as the kernel ends a TCP
+    /// stream: the end-of-stream message goes out once the sends already posted are written
+    /// (bounded by `timeout`), so the peer's receives complete with 0 rather than failing.
+    fn flush_at_exit(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let Some(t) = self.tables.try_lock_for(Duration::from_millis(100)) else {
+            return;
+        };
+        let socks: Vec<_> = t.by_ep.values().cloned().collect();
+        drop(t);
+        for s in &socks {
+            if let Some(mut st) = s.try_lock_for(Duration::from_millis(100)) {
+                st.fin_wanted = true;
+            }
+            self.kick(s.clone());
+        }
+        while Instant::now() < deadline {
+            let done = socks.iter().all(|s| {
+                s.try_lock_for(Duration::from_millis(10)).is_none_or(|st| {
+                    st.failed.is_some() || (st.fin_sent && st.ctrl_done == st.ctrl_next)
+                })
+            });
+            if done {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Whether `fd` is attached (and still the same socket as when it was attached).
@@ -976,6 +1007,12 @@ impl BraidBackend {
             return Err(libc::EPROTO);
         }
         Ok(ep)
+    }
+}
+
+extern "C" fn at_exit() {
+    if let Some(b) = core::braid_backend() {
+        b.flush_at_exit(Duration::from_secs(2));
     }
 }
 

@@ -331,6 +331,11 @@ pub(crate) struct Global {
 
 static GLOBAL: OnceLock<Result<Global, Errno>> = OnceLock::new();
 
+/// The braid-mode backend, if a socket was ever attached.
+pub(crate) fn braid_backend() -> Option<&'static Arc<BraidBackend>> {
+    GLOBAL.get()?.as_ref().ok()?.braid.get()
+}
+
 /// The library state, started on first use (the progress thread and its ring).
 pub(crate) fn global() -> Result<&'static Global, Errno> {
     GLOBAL
