@@ -1,0 +1,325 @@
+//! Writes the seed corpus under `fuzz/corpus/<target>/`:
+//! `cargo run --manifest-path fuzz/Cargo.toml --example gen_corpus` (from the repository root).
+//! Valid frames of every opcode, valid handshake messages, short frame sequences that drive a
+//! session through each of its paths (see `fuzz_targets/session_rx.rs` for the input
+//! format), and a few truncated inputs.
+
+use std::fs;
+use std::path::Path;
+
+use braid::wire::frame::FLAG_IMM;
+use braid::wire::handshake::{AuthProof, caps};
+use braid::wire::{FrameHeader, HandshakeStatus, Hello, HelloReply, Opcode};
+
+fn hdr(op: Opcode, seq: u64, rkey: u64, addr: u64, arg0: u64, arg1: u64, len: u32) -> FrameHeader {
+    let mut h = FrameHeader::new(op);
+    (h.seq, h.rkey, h.addr, h.arg0, h.arg1, h.payload_len) = (seq, rkey, addr, arg0, arg1, len);
+    h
+}
+
+/// CRC32C (Castagnoli), bitwise: enough for a few seeds.
+fn crc32c(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in data {
+        c ^= b as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0x82f6_3b78
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
+
+/// One session_rx input: a configuration byte, then (ctl, header, payload) records.
+struct Seq(Vec<u8>);
+
+impl Seq {
+    fn new(cfg: u8) -> Seq {
+        Seq(vec![cfg])
+    }
+    fn frame(self, ctl: u8, h: FrameHeader) -> Seq {
+        let payload: Vec<u8> = (0..h.payload_len)
+            .map(|i| (i as u8).wrapping_mul(7) ^ 0x5a)
+            .collect();
+        self.frame_with(ctl, h, &payload)
+    }
+    fn frame_with(mut self, ctl: u8, h: FrameHeader, payload: &[u8]) -> Seq {
+        self.0.push(ctl);
+        self.0.extend_from_slice(&h.encode());
+        self.0.extend_from_slice(payload);
+        self
+    }
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) {
+    fs::write(dir.join(name), bytes).unwrap();
+}
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let dirs = ["frame_header", "handshake", "session_rx"].map(|d| {
+        let p = root.join(d);
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        p
+    });
+
+    // ------------------------------------------------------------------ frame_header
+    let d = &dirs[0];
+    let mut imm = hdr(
+        Opcode::Write,
+        7,
+        0xdead_beef_0001,
+        1 << 20,
+        1 << 16,
+        8192,
+        4096,
+    );
+    imm.flags = FLAG_IMM;
+    imm.aux = 42;
+    imm.crc = 0x1234_5678;
+    imm.rail_ack = 99;
+    let mut atomic_resp = hdr(Opcode::AtomicResponse, 3, 0, 0, 77, 0, 0);
+    atomic_resp.aux = 1;
+    let frames = [
+        ("write", hdr(Opcode::Write, 0, 1, 0, 100, 0, 100)),
+        ("write_imm", imm),
+        ("send", hdr(Opcode::Send, 1, 0, 0, 64, 32, 32)),
+        (
+            "read_request",
+            hdr(Opcode::ReadRequest, 2, 1, 16, 4096, 0, 0),
+        ),
+        ("fetch_add", hdr(Opcode::FetchAdd, 3, 1, 8, 1, 0, 0)),
+        ("compare_swap", hdr(Opcode::CompareSwap, 4, 1, 16, 0, 5, 0)),
+        (
+            "read_response",
+            hdr(Opcode::ReadResponse, 2, 0, 0, 4096, 4000, 96),
+        ),
+        ("atomic_response", atomic_resp),
+        ("done", hdr(Opcode::Done, 0, 0, 0, 0, 0, 0)),
+        ("rail_ack", {
+            let mut h = FrameHeader::new(Opcode::RailAck);
+            h.rail_ack = 1 << 20;
+            h
+        }),
+        ("close", FrameHeader::new(Opcode::Close)),
+        (
+            "max_payload",
+            hdr(Opcode::Write, 9, 1, 0, 16 << 20, 0, 16 << 20),
+        ),
+    ];
+    for (name, h) in frames {
+        assert_eq!(FrameHeader::decode(&h.encode()), Ok(h), "{name}");
+        write(d, name, &h.encode());
+    }
+    write(d, "truncated_10", &imm.encode()[..10]);
+    write(d, "truncated_63", &imm.encode()[..63]);
+    write(d, "empty", b"");
+
+    // ------------------------------------------------------------------ handshake
+    let d = &dirs[1];
+    let hello = Hello {
+        version: 1,
+        rail_index: 1,
+        rail_count: 4,
+        capabilities: caps::PAYLOAD_CRC32C | caps::AUTH,
+        max_chunk: 128 << 10,
+        session_id: 0x1234_5678_9abc_def0,
+        nonce: *b"0123456789abcdef",
+    };
+    write(d, "hello", &hello.encode());
+    write(
+        d,
+        "hello_plain",
+        &Hello {
+            capabilities: 0,
+            nonce: [0; 16],
+            ..hello
+        }
+        .encode(),
+    );
+    for (name, status) in [
+        ("reply_accepted", HandshakeStatus::Accepted),
+        ("reply_version", HandshakeStatus::VersionUnsupported),
+        ("reply_bad_rail", HandshakeStatus::BadRail),
+        ("reply_refused", HandshakeStatus::Refused),
+        ("reply_auth_required", HandshakeStatus::AuthRequired),
+        ("reply_auth_failed", HandshakeStatus::AuthFailed),
+    ] {
+        let r = HelloReply {
+            version: 1,
+            rail_index: 1,
+            rail_count: 4,
+            status,
+            capabilities: 0,
+            max_chunk: 128 << 10,
+            session_id: 0x1234_5678_9abc_def0,
+            auth: [0xa5; 32],
+        };
+        assert_eq!(HelloReply::decode(&r.encode()), Ok(r));
+        write(d, name, &r.encode());
+    }
+    write(d, "auth_proof", &AuthProof { mac: [0x3c; 32] }.encode());
+    write(d, "hello_truncated", &hello.encode()[..39]);
+    write(d, "http", b"GET / HTTP/1.1\r\nHost: braid\r\n\r\n");
+
+    // ------------------------------------------------------------------ session_rx
+    // rkey 0: rw region (all rights, 1000 bytes); 1: read-only (200); 2: local-write only
+    // (512); 3: revoked. Our own posted operations are seq 0..=6: write 150 B, read 100 B,
+    // fetch-add, compare-swap, send 20 B with imm, zero-length read, write 70 B with imm.
+    // Posted receives: 64 B, 16+0+48 B, 32 B.
+    let d = &dirs[2];
+    let imm_of = |mut h: FrameHeader, v: u32| {
+        h.flags = FLAG_IMM;
+        h.aux = v;
+        h
+    };
+    let seeds: Vec<(&str, Seq)> = vec![
+        (
+            "write_one_chunk",
+            Seq::new(0).frame(0x40, hdr(Opcode::Write, 0, 0, 100, 16, 0, 16)),
+        ),
+        (
+            "write_two_rails",
+            Seq::new(1)
+                .frame(0, hdr(Opcode::Write, 0, 0, 0, 96, 64, 32))
+                .frame(1, hdr(Opcode::Write, 0, 0, 0, 96, 0, 64))
+                .frame(0x41, hdr(Opcode::Write, 1, 0, 500, 8, 0, 8)),
+        ),
+        (
+            "write_imm",
+            Seq::new(0).frame(0x40, imm_of(hdr(Opcode::Write, 0, 0, 40, 24, 0, 24), 5)),
+        ),
+        (
+            "send_imm_scattered",
+            Seq::new(0)
+                .frame(0, imm_of(hdr(Opcode::Send, 0, 0, 0, 20, 0, 20), 1))
+                .frame(0, hdr(Opcode::Send, 1, 0, 0, 64, 0, 40))
+                .frame(0x40, hdr(Opcode::Send, 1, 0, 0, 64, 40, 24)),
+        ),
+        (
+            "send_too_long",
+            Seq::new(0).frame(0x40, hdr(Opcode::Send, 0, 0, 0, 100, 0, 100)),
+        ),
+        (
+            "send_waits_for_recv",
+            Seq::new(0)
+                .frame(0, hdr(Opcode::Send, 0, 0, 0, 4, 0, 4))
+                .frame(0, hdr(Opcode::Send, 1, 0, 0, 4, 0, 4))
+                .frame(0, hdr(Opcode::Send, 2, 0, 0, 4, 0, 4))
+                .frame(0x80, hdr(Opcode::Send, 3, 0, 0, 4, 0, 4))
+                .frame(0xc0, FrameHeader::new(Opcode::RailAck)),
+        ),
+        (
+            "read_request",
+            Seq::new(0)
+                .frame(0x40, hdr(Opcode::ReadRequest, 0, 1, 10, 150, 0, 0))
+                .frame(0x40, hdr(Opcode::ReadRequest, 1, 0, 0, 0, 0, 0)),
+        ),
+        (
+            "write_after_read_waits",
+            Seq::new(1)
+                .frame(0, hdr(Opcode::ReadRequest, 0, 0, 0, 200, 0, 0))
+                .frame(1, hdr(Opcode::Write, 1, 0, 100, 8, 0, 8))
+                .frame(0x40, FrameHeader::new(Opcode::RailAck))
+                .frame(0x40, FrameHeader::new(Opcode::RailAck)),
+        ),
+        (
+            "atomics",
+            Seq::new(0)
+                .frame(0, hdr(Opcode::FetchAdd, 0, 0, 8, 3, 0, 0))
+                .frame(0, hdr(Opcode::CompareSwap, 1, 0, 8, 3, 9, 0))
+                .frame(0, hdr(Opcode::FetchAdd, 2, 0, 12, 1, 0, 0))
+                .frame(0x40, hdr(Opcode::FetchAdd, 3, 1, 8, 1, 0, 0)),
+        ),
+        (
+            "access_errors",
+            Seq::new(0)
+                .frame(0, hdr(Opcode::Write, 0, 1, 0, 16, 0, 16))
+                .frame(0, hdr(Opcode::Write, 1, 3, 0, 16, 0, 16))
+                .frame(0, hdr(Opcode::Write, 2, 0, 990, 16, 0, 16))
+                .frame(0, hdr(Opcode::ReadRequest, 3, 2, 0, 16, 0, 0))
+                .frame(0x40, imm_of(hdr(Opcode::Write, 4, 1, 0, 8, 0, 8), 2)),
+        ),
+        (
+            "out_of_order_rails",
+            Seq::new(2)
+                .frame(2, hdr(Opcode::Write, 2, 0, 0, 8, 0, 8))
+                .frame(1, hdr(Opcode::Write, 1, 0, 8, 8, 0, 8))
+                .frame(0x40, hdr(Opcode::Write, 0, 0, 16, 8, 0, 8)),
+        ),
+        (
+            "responses",
+            Seq::new(1)
+                .frame(0x40, FrameHeader::new(Opcode::RailAck))
+                .frame(0, hdr(Opcode::Done, 0, 0, 0, 0, 0, 0))
+                .frame(0, hdr(Opcode::ReadResponse, 1, 0, 0, 100, 0, 50))
+                .frame(1, hdr(Opcode::ReadResponse, 1, 0, 0, 100, 50, 50))
+                .frame(0, {
+                    let mut h = hdr(Opcode::AtomicResponse, 2, 0, 0, 41, 0, 0);
+                    h.aux = 0;
+                    h
+                })
+                .frame(1, {
+                    let mut h = hdr(Opcode::AtomicResponse, 3, 0, 0, 0, 0, 0);
+                    h.aux = 1;
+                    h
+                })
+                .frame(0, hdr(Opcode::Done, 4, 0, 0, 0, 0, 0))
+                .frame(0, hdr(Opcode::Done, 5, 0, 0, 0, 0, 0))
+                .frame(0x40, {
+                    let mut h = hdr(Opcode::Done, 6, 0, 0, 0, 0, 0);
+                    h.aux = 2;
+                    h
+                }),
+        ),
+        (
+            "acked_rail",
+            Seq::new(0)
+                .frame(0x40, FrameHeader::new(Opcode::RailAck))
+                .frame(0x40, {
+                    let mut h = FrameHeader::new(Opcode::RailAck);
+                    h.rail_ack = 64;
+                    h
+                }),
+        ),
+        (
+            "close",
+            Seq::new(0).frame(0, FrameHeader::new(Opcode::Close)),
+        ),
+        (
+            "duplicate_request",
+            Seq::new(0)
+                .frame(0, hdr(Opcode::FetchAdd, 0, 0, 8, 1, 0, 0))
+                .frame(0, hdr(Opcode::FetchAdd, 0, 0, 8, 1, 0, 0)),
+        ),
+        (
+            "inconsistent_chunk",
+            Seq::new(0)
+                .frame(0, hdr(Opcode::Write, 0, 0, 0, 64, 0, 32))
+                .frame(0, hdr(Opcode::Write, 0, 0, 8, 64, 32, 32)),
+        ),
+        ("crc_ok", {
+            let p: Vec<u8> = (0..32u8).collect();
+            let mut h = hdr(Opcode::Write, 0, 0, 0, 32, 0, 32);
+            h.crc = crc32c(&p);
+            Seq::new(0x10).frame_with(0x40, h, &p)
+        }),
+        ("crc_bad", {
+            let mut h = hdr(Opcode::Write, 0, 0, 0, 32, 0, 32);
+            h.crc = 1;
+            Seq::new(0x10).frame(0x40, h)
+        }),
+    ];
+    for (name, s) in seeds {
+        write(d, name, &s.0);
+    }
+    let long = Seq::new(0)
+        .frame(0, hdr(Opcode::Write, 0, 0, 0, 64, 0, 64))
+        .0;
+    write(d, "truncated_payload", &long[..long.len() - 10]);
+    write(d, "truncated_header", &long[..30]);
+}
