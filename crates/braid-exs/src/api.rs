@@ -40,8 +40,8 @@ pub fn zerocopy_min() -> io::Result<usize> {
 /// `exs_recvv` from C) on it travel over a braid endpoint striped over several rails, the
 /// sender writing straight into the receive buffers the receiving side posted.
 ///
-/// Both ends call it, one with [`BraidRole::Connect`] (the side that called `connect()`),
-/// the other with [`BraidRole::Accept`]; it blocks until the endpoint is up (at most 15 s,
+/// Both ends call it, one with [`BraidRole::Connect`](crate::BraidRole::Connect) (the side that called `connect()`),
+/// the other with [`BraidRole::Accept`](crate::BraidRole::Accept); it blocks until the endpoint is up (at most 15 s,
 /// see [`braid_attach_timeout`]). `rails`:
 ///
 /// * connecting side: comma-separated `LOCAL` (a rail from this local IP to the accepting
