@@ -151,6 +151,9 @@ fn a_broken_rail_rejoins_and_carries_traffic_again() {
         .collect();
     let mut copts = EndpointOptions::new(&ccq);
     copts.session.keepalive_interval = Duration::from_millis(50);
+    // Small fixed windows: every rail must carry part of each write (on loopback a single
+    // rail with a rate-sized window could take it all).
+    copts.session.max_window = 2 << 20;
     let c = std::thread::spawn(move || (client.connect(&rails, &copts).unwrap(), client));
     let sep = listener.accept(&EndpointOptions::new(&scq), WAIT).unwrap();
     let (cep, client) = c.join().unwrap();
@@ -160,8 +163,13 @@ fn a_broken_rail_rejoins_and_carries_traffic_again() {
     src.write_at(0, &data).unwrap();
 
     cep.break_rail_for_test(1);
-    // Bounded wait for the re-dial: polls the rail state, it is not a sleep-for-a-result.
+    // Bounded waits on the rail state (polling a condition, not sleeping for a result):
+    // first the break is noticed, then the re-dialled rail is back on both sides.
     let deadline = Instant::now() + WAIT;
+    while cep.rails_alive()[1] {
+        assert!(Instant::now() < deadline, "the break was not noticed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     while !(cep.rails_alive().iter().all(|a| *a) && sep.rails_alive().iter().all(|a| *a)) {
         assert!(
             Instant::now() < deadline,

@@ -176,7 +176,11 @@ impl EndpointShared {
     pub(crate) fn fail_rail(&self, rail: usize, why: &str) {
         let mut s = self.session.lock();
         if !s.is_failed() && s.rail_alive(rail) {
-            tracing::warn!(endpoint = self.id, peer = %self.peer, rail, "rail failed: {why}");
+            if why.contains("the peer closed the endpoint") {
+                tracing::info!(endpoint = self.id, peer = %self.peer, "the peer closed the endpoint");
+            } else {
+                tracing::warn!(endpoint = self.id, peer = %self.peer, rail, "rail failed: {why}");
+            }
         }
         s.on_rail_lost(rail);
         self.deliver(&mut s);
@@ -274,6 +278,7 @@ impl RxRail {
                                 continue;
                             }
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                self.ep.session.lock().on_rx_idle(self.rail);
                                 return RxStep::Wait;
                             }
                             Err(e) => return self.die(&format!("receive failed: {e}")),

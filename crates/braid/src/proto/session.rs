@@ -45,7 +45,8 @@ use crate::wire::{FrameHeader, Opcode, WireStatus};
 /// Tunables of a session.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
-    /// Largest payload of one chunk frame.
+    /// Largest payload of one chunk frame (default 1 MiB; smaller chunks cost more system
+    /// calls per byte, see the benchmark notes in the README).
     pub chunk_size: usize,
     /// Most operations posted and not yet completed.
     pub max_outstanding: usize,
@@ -78,7 +79,7 @@ pub struct SessionConfig {
 impl Default for SessionConfig {
     fn default() -> SessionConfig {
         SessionConfig {
-            chunk_size: 128 << 10,
+            chunk_size: 1 << 20,
             max_outstanding: 1024,
             max_recv: 1024,
             initial_window: 2 << 20,
@@ -266,6 +267,9 @@ struct RespCursor {
     addr: u64,
     total: u64,
     next_off: u64,
+    /// A private copy of the bytes from offset `.1` on, taken when a later request wanted to
+    /// modify them before they were sent.
+    copy: Option<(Arc<StagingBuf>, u64)>,
 }
 
 /// A read response not yet fully written to the rails: its bytes are read from the region
@@ -294,6 +298,7 @@ enum Sent {
     /// A read-response chunk.
     Response {
         pin: RegionPin,
+        copy: Option<(Arc<StagingBuf>, u64)>,
         seq: u64,
         addr: u64,
         total: u64,
@@ -388,6 +393,8 @@ struct RailState {
     dead_consumed: Option<u64>,
     /// A re-established rail whose first frame (`RailRestore`) has not arrived yet.
     awaiting_restore: bool,
+    /// The retransmission whose payload is being read, by original (rail, end).
+    rx_retx: Option<(usize, u64)>,
 }
 
 impl RailState {
@@ -410,6 +417,7 @@ impl RailState {
             log: VecDeque::new(),
             dead_consumed: None,
             awaiting_restore: false,
+            rx_retx: None,
         }
     }
 
@@ -544,6 +552,10 @@ pub struct Session {
     dead_pending: u64,
 }
 
+/// Unacknowledged bytes that make an idle receiver acknowledge (see `Session::on_rx_idle`);
+/// windows are never smaller than four times this.
+const IDLE_ACK_MIN: u64 = 16 << 10;
+
 /// A frame to send: header, payload pieces, memory to keep alive, and what to log.
 type Frame = (
     FrameHeader,
@@ -554,6 +566,7 @@ type Frame = (
 
 fn response_frame(
     pin: &RegionPin,
+    copy: &Option<(Arc<StagingBuf>, u64)>,
     seq: u64,
     addr: u64,
     total: u64,
@@ -565,8 +578,21 @@ fn response_frame(
     h.arg0 = total;
     h.arg1 = off;
     h.payload_len = len as u32;
-    let ptr = pin.ptr_at((addr + off) as usize) as *const u8;
-    (h, vec![(ptr, len as usize)], Some(Keep::Pin(pin.clone())))
+    match copy {
+        Some((buf, base)) if off >= *base => {
+            // SAFETY: off - base + len <= buf.len: the copy covers [base, total).
+            let ptr = unsafe { buf.ptr.add((off - base) as usize) } as *const u8;
+            (
+                h,
+                vec![(ptr, len as usize)],
+                Some(Keep::Staging(buf.clone())),
+            )
+        }
+        _ => {
+            let ptr = pin.ptr_at((addr + off) as usize) as *const u8;
+            (h, vec![(ptr, len as usize)], Some(Keep::Pin(pin.clone())))
+        }
+    }
 }
 
 fn sgl_pieces<T>(
@@ -603,6 +629,14 @@ impl Session {
         endpoint_id: u64,
     ) -> Session {
         assert!((1..=64).contains(&rails), "1 to 64 rails");
+        let mut cfg = cfg;
+        // A window must hold two chunks, or a rail turns into stop-and-wait.
+        cfg.min_window = cfg
+            .min_window
+            .max(4 * IDLE_ACK_MIN)
+            .max(2 * cfg.chunk_size as u64);
+        cfg.initial_window = cfg.initial_window.max(cfg.min_window);
+        cfg.max_window = cfg.max_window.max(cfg.min_window);
         Session {
             cfg,
             registry,
@@ -866,7 +900,10 @@ impl Session {
         if hdr.opcode.is_chunk() {
             r.data_sent += hdr.payload_len as u64;
         }
-        let read_response = (hdr.opcode == Opcode::ReadResponse).then_some(hdr.seq);
+        let read_response = (hdr.opcode == Opcode::ReadResponse
+            && orig.is_none()
+            && matches!(keep, Some(Keep::Pin(_))))
+        .then_some(hdr.seq);
         Some(Transmit {
             header: hdr.encode(),
             payload,
@@ -943,15 +980,18 @@ impl Session {
                 }
                 Sent::Response {
                     pin,
+                    copy,
                     seq,
                     addr,
                     total,
                     off,
                     len,
                 } => {
-                    let (h, payload, keep) = response_frame(pin, *seq, *addr, *total, *off, *len);
+                    let (h, payload, keep) =
+                        response_frame(pin, copy, *seq, *addr, *total, *off, *len);
                     let logged = Sent::Response {
                         pin: pin.clone(),
+                        copy: copy.clone(),
                         seq: *seq,
                         addr: *addr,
                         total: *total,
@@ -970,10 +1010,19 @@ impl Session {
     fn next_response_chunk(&mut self) -> Frame {
         let cur = self.tx_resp.front_mut().expect("checked non-empty");
         let len = (cur.total - cur.next_off).min(self.cfg.chunk_size as u64);
-        let (h, payload, keep) =
-            response_frame(&cur.pin, cur.seq, cur.addr, cur.total, cur.next_off, len);
+        let (h, payload, keep) = response_frame(
+            &cur.pin,
+            &cur.copy,
+            cur.seq,
+            cur.addr,
+            cur.total,
+            cur.next_off,
+            len,
+        );
+        let from_region = cur.copy.is_none();
         let logged = Sent::Response {
             pin: cur.pin.clone(),
+            copy: cur.copy.clone(),
             seq: cur.seq,
             addr: cur.addr,
             total: cur.total,
@@ -986,7 +1035,8 @@ impl Session {
             self.tx_resp.pop_front();
         }
         if let Some(g) = self.reads_active.iter_mut().find(|g| g.seq == seq) {
-            g.frames += 1;
+            // Only frames read from the region itself hold its guard.
+            g.frames += from_region as u32;
             g.assigned |= finished;
         }
         (h, payload, keep, Some(logged))
@@ -1004,11 +1054,50 @@ impl Session {
         }
     }
 
-    /// True when `[start, end)` overlaps memory a pending read response will still send.
-    fn blocked_by_read(&self, start: usize, end: usize) -> bool {
-        self.reads_active
-            .iter()
-            .any(|g| start < g.end && g.start < end)
+    /// A request wants to modify `[start, end)`. Read responses that would still read those
+    /// bytes from the region take a private copy of what they have not handed out yet, so
+    /// the request can go ahead; it waits (true) only for frames already handed to the
+    /// driver, which need no acknowledgement to finish.
+    fn read_conflict(&mut self, start: usize, end: usize) -> bool {
+        let mut wait = false;
+        let mut i = 0;
+        while i < self.reads_active.len() {
+            let (seq, g_start, g_end, assigned) = {
+                let g = &self.reads_active[i];
+                (g.seq, g.start, g.end, g.assigned)
+            };
+            if !(start < g_end && g_start < end) {
+                i += 1;
+                continue;
+            }
+            if !assigned
+                && let Some(c) = self
+                    .tx_resp
+                    .iter_mut()
+                    .find(|c| c.seq == seq && c.copy.is_none())
+            {
+                let len = (c.total - c.next_off) as usize;
+                let buf = StagingBuf::new(len);
+                // SAFETY: the source is inside the pinned region (checked when the read
+                // executed), the destination is the new buffer of exactly `len` bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        c.pin.ptr_at((c.addr + c.next_off) as usize),
+                        buf.ptr,
+                        len,
+                    )
+                };
+                c.copy = Some((buf, c.next_off));
+            }
+            self.reads_active[i].assigned = true;
+            if self.reads_active[i].frames > 0 {
+                wait = true;
+                i += 1;
+            } else {
+                self.reads_active.swap_remove(i);
+            }
+        }
+        wait
     }
 
     fn complete_out(&mut self, i: usize, status: Status, value: Option<u64>) {
@@ -1093,7 +1182,7 @@ impl Session {
             // The peer gave the rail up: so do we, freezing how much of it we consumed.
             self.rail_down(orig_rail);
             let consumed = self.rails[orig_rail].dead_consumed.unwrap_or(0);
-            if orig_end <= consumed || !self.retx_seen.insert((orig_rail, orig_end)) {
+            if orig_end <= consumed || self.retx_seen.contains(&(orig_rail, orig_end)) {
                 // Already received on the dead rail (or already retransmitted): drop it.
                 self.consumed(rail, HEADER_LEN as u64);
                 if h.payload_len > 0 {
@@ -1122,6 +1211,21 @@ impl Session {
         } else {
             self.rails[rail].stalled = false;
             self.consumed(rail, HEADER_LEN as u64);
+        }
+        // A retransmission counts as received once it is consumed whole: not when it stalls,
+        // and not if its rail dies in the middle of its payload.
+        if let Some(key) = h.retransmission_of() {
+            match action {
+                RxAction::Done => {
+                    self.retx_seen.insert(key);
+                }
+                RxAction::Place(_) | RxAction::Discard => self.rails[rail].rx_retx = Some(key),
+                RxAction::Stall => {}
+            }
+        }
+        // A request without payload may have advanced the frontier to staged ones.
+        if matches!(action, RxAction::Done) {
+            self.apply_staged();
         }
         Ok(action)
     }
@@ -1181,6 +1285,7 @@ impl Session {
                             addr: h.addr,
                             total: h.arg0,
                             next_off: 0,
+                            copy: None,
                         })
                     }
                     Ok(_) => self.queue_done(rail, h.seq, WireStatus::Ok),
@@ -1198,7 +1303,7 @@ impl Session {
                 {
                     Ok(pin) => {
                         let p = pin.ptr_at(h.addr as usize);
-                        if self.blocked_by_read(p as usize, p as usize + 8) {
+                        if self.read_conflict(p as usize, p as usize + 8) {
                             return Ok(RxAction::Stall);
                         }
                         if !(p as usize).is_multiple_of(8) {
@@ -1251,7 +1356,7 @@ impl Session {
                 {
                     Ok(pin) => {
                         let start = pin.ptr_at(h.addr as usize) as usize;
-                        if self.blocked_by_read(start, start + h.arg0 as usize) {
+                        if self.read_conflict(start, start + h.arg0 as usize) {
                             return Ok(RxAction::Stall);
                         }
                         op.dest = Some(Dest::Region(pin))
@@ -1481,6 +1586,9 @@ impl Session {
         let Some(p) = self.rails[rail].rx_pending.take() else {
             return Ok(());
         };
+        if let Some(key) = self.rails[rail].rx_retx.take() {
+            self.retx_seen.insert(key);
+        }
         if let Some((h, pieces)) = self.rails[rail].crc_check.take() {
             let mut got = 0;
             for (ptr, len) in pieces {
@@ -1624,6 +1732,20 @@ impl Session {
         dead
     }
 
+    /// The driver found no more bytes to read on `rail` for now. If enough of it is still
+    /// unacknowledged, an acknowledgement goes out even though the threshold was not reached,
+    /// so a sender whose window is smaller than our threshold is never left waiting.
+    pub fn on_rx_idle(&mut self, rail: usize) {
+        let r = &mut self.rails[rail];
+        if r.alive
+            && !r.awaiting_restore
+            && r.rx_bytes - r.rx_advertised >= IDLE_ACK_MIN
+            && r.ctrl.is_empty()
+        {
+            r.ctrl.push_back(FrameHeader::new(Opcode::RailAck));
+        }
+    }
+
     /// Notes that payload bytes are arriving on `rail` (a large chunk on a slow rail takes
     /// a while; the rail is not silent).
     pub fn on_rx_progress(&mut self, rail: usize, now: Instant) {
@@ -1667,8 +1789,10 @@ impl Session {
         r.dead_consumed = Some(r.rx_bytes);
         r.stalled = false;
         r.crc_check = None;
+        r.rx_retx = None;
         // The driver may still be writing into the pending placement: `rx_keep` keeps its
         // memory until it reports back; the payload is simply never accounted.
+        // `rx_pending` goes (it must not count as "being placed" any more).
         if let Some(RxPending::Staged(st)) = r.rx_pending.take() {
             self.staged_bytes -= st.data.len as u64;
         }
@@ -1762,7 +1886,10 @@ impl Session {
         self.retx.clear();
         self.staged.clear();
         self.staged_bytes = 0;
-        self.cur = None;
+        // A receive taken by a send still arriving is flushed like the others.
+        if let Some(recv) = self.cur.take().and_then(|op| op.recv) {
+            self.recvs.push_front(recv);
+        }
         for r in &mut self.rails {
             r.ctrl.retain(|h| h.opcode == Opcode::Close);
         }

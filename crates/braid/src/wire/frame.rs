@@ -267,7 +267,7 @@ impl FrameHeader {
     /// For a retransmission: the rail it was first sent on and its end offset there.
     pub fn retransmission_of(&self) -> Option<(usize, u64)> {
         (self.flags & FLAG_RETX != 0)
-            .then(|| (((self.flags & RETX_RAIL_MASK) >> 8) as usize, self.rail_ack))
+            .then_some((((self.flags & RETX_RAIL_MASK) >> 8) as usize, self.rail_ack))
     }
 }
 
