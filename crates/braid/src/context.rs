@@ -264,7 +264,13 @@ impl Context {
             recv_cq: opts.recv_cq.clone(),
             closed: AtomicBool::new(false),
             kicker: self.inner.engine.kicker(),
+            app_polled: std::sync::atomic::AtomicU64::new(0),
         });
+        let weak: Weak<dyn crate::cq::Driver> = Arc::downgrade(&shared) as Weak<EndpointShared>;
+        opts.send_cq.attach(weak.clone());
+        if !opts.recv_cq.same(&opts.send_cq) {
+            opts.recv_cq.attach(weak);
+        }
         self.inner.engine.send(Command::Add(shared.clone()));
         tracing::debug!(endpoint = id, peer = %shared.peer, rails = addrs.len(), "endpoint up");
         Ok(Endpoint {

@@ -3,8 +3,8 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,17 @@ struct CqState {
     sleepers: usize,
 }
 
+/// An endpoint reporting into a queue, whose receive progress a polling thread may drive.
+pub(crate) trait Driver: Send + Sync {
+    /// Reads whatever has arrived and sends what that produced, without blocking.
+    fn drive(&self);
+    /// The polling thread stops polling: progress goes back to the engine thread.
+    fn release(&self);
+}
+
 struct CqInner {
+    /// Endpoints reporting here: polling drives their progress (no engine hand-off).
+    drivers: Mutex<Vec<Weak<dyn Driver>>>,
     state: Mutex<CqState>,
     ready: Condvar,
     capacity: usize,
@@ -54,6 +64,7 @@ impl CompletionQueue {
     pub fn new(capacity: usize) -> CompletionQueue {
         CompletionQueue {
             inner: Arc::new(CqInner {
+                drivers: Mutex::new(Vec::new()),
                 state: Mutex::new(CqState {
                     items: VecDeque::new(),
                     wakers: Vec::new(),
@@ -83,10 +94,35 @@ impl CompletionQueue {
         self.len() == 0
     }
 
-    /// How long [`CompletionQueue::wait`] busy-polls before sleeping (default 20 µs): spinning
-    /// saves a wake-up on latency-bound loops, sleeping saves CPU.
+    /// How long [`CompletionQueue::wait`] busy-polls (driving progress itself, see
+    /// [`CompletionQueue::poll`]) before sleeping (default 20 µs): spinning saves a wake-up
+    /// on latency-bound loops, sleeping saves CPU.
     pub fn set_spin(&self, spin: Duration) {
         *self.inner.spin.lock() = spin;
+    }
+
+    pub(crate) fn same(&self, other: &CompletionQueue) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    pub(crate) fn attach(&self, d: Weak<dyn Driver>) {
+        let mut ds = self.inner.drivers.lock();
+        ds.retain(|w| w.strong_count() > 0);
+        ds.push(d);
+    }
+
+    /// Lets the attached endpoints make progress on this thread.
+    fn drive(&self) {
+        let ds: Vec<Arc<dyn Driver>> = self
+            .inner
+            .drivers
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for d in ds {
+            d.drive();
+        }
     }
 
     pub(crate) fn reserve(&self) -> Result<(), Error> {
@@ -129,10 +165,18 @@ impl CompletionQueue {
         Some(c)
     }
 
-    /// The next completion, if one is ready. Never blocks.
+    /// The next completion, if one is ready. Never blocks; when none is ready, it first reads
+    /// whatever has arrived for the queue's endpoints on the calling thread, so a busy-polling
+    /// loop sees a completion without waiting for the progress engine's thread. While a
+    /// thread keeps polling, the engine leaves those reads to it; it takes them back within
+    /// a millisecond of the last poll (at once when the thread sleeps in
+    /// [`CompletionQueue::wait`] or awaits [`CompletionQueue::next`]).
     pub fn poll(&self) -> Option<Completion> {
         if self.is_empty() {
-            return None;
+            self.drive();
+            if self.is_empty() {
+                return None;
+            }
         }
         self.pop_locked(&mut self.inner.state.lock())
     }
@@ -140,7 +184,10 @@ impl CompletionQueue {
     /// Moves up to `max` ready completions into `out`; returns how many.
     pub fn poll_many(&self, out: &mut Vec<Completion>, max: usize) -> usize {
         if self.is_empty() {
-            return 0;
+            self.drive();
+            if self.is_empty() {
+                return 0;
+            }
         }
         let mut st = self.inner.state.lock();
         let mut n = 0;
@@ -165,6 +212,9 @@ impl CompletionQueue {
             std::hint::spin_loop();
         }
         let deadline = start + timeout;
+        for d in self.inner.drivers.lock().iter().filter_map(Weak::upgrade) {
+            d.release();
+        }
         let mut st = self.inner.state.lock();
         loop {
             if let Some(c) = self.pop_locked(&mut st) {
@@ -194,12 +244,27 @@ impl Future for NextCompletion<'_> {
     type Output = Completion;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Completion> {
+        if self.cq.is_empty() {
+            self.cq.drive();
+        }
         let mut st = self.cq.inner.state.lock();
         if let Some(c) = self.cq.pop_locked(&mut st) {
             return Poll::Ready(c);
         }
         if !st.wakers.iter().any(|w| w.will_wake(cx.waker())) {
             st.wakers.push(cx.waker().clone());
+        }
+        drop(st);
+        // The task sleeps until woken: reads go back to the engine thread.
+        for d in self
+            .cq
+            .inner
+            .drivers
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+        {
+            d.release();
         }
         Poll::Pending
     }

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -26,8 +26,19 @@ use crate::proto::{Placement, RxAction, Session, Transmit};
 use crate::wire::{FrameHeader, HEADER_LEN};
 
 const WAKER: Token = Token(usize::MAX);
+/// An application thread that polled this recently is taken to be polling still.
+const APP_POLL_HOLD_NS: u64 = 1_000_000;
+
+/// Monotonic nanoseconds since the first call (never 0).
+pub(crate) fn clock_ns() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
+}
 /// Period of keepalive and dead-peer checks.
 const TICK: std::time::Duration = std::time::Duration::from_millis(100);
+/// Most frames, and bytes, gathered into one send system call.
+const BATCH_FRAMES: usize = 16;
+const BATCH_BYTES: usize = 256 << 10;
 /// Receive buffer for headers and small payloads; larger payloads bypass it.
 const RX_BUF: usize = 1024;
 /// After a payload at least this large, read the next header exactly, so that the bulk of
@@ -40,11 +51,13 @@ pub(crate) struct RailIo {
     /// Descriptor of the current socket (read by the engine without taking the lock).
     fd: AtomicI32,
     tx: Mutex<TxState>,
+    rx: Mutex<RxCore>,
 }
 
 struct TxState {
     stream: TcpStream,
-    cur: Option<Transmit>,
+    /// Frames being written, in order; `off` bytes of the first are already sent.
+    batch: std::collections::VecDeque<Transmit>,
     off: usize,
 }
 
@@ -54,9 +67,10 @@ impl RailIo {
             fd: AtomicI32::new(stream.as_raw_fd()),
             tx: Mutex::new(TxState {
                 stream,
-                cur: None,
+                batch: std::collections::VecDeque::new(),
                 off: 0,
             }),
+            rx: Mutex::new(RxCore::new()),
         }
     }
 
@@ -74,7 +88,7 @@ impl RailIo {
         let mut tx = self.tx.lock();
         self.fd.store(stream.as_raw_fd(), Ordering::Release);
         tx.stream = stream;
-        tx.cur = None;
+        tx.batch.clear();
         tx.off = 0;
     }
 }
@@ -89,6 +103,9 @@ pub(crate) struct EndpointShared {
     pub(crate) recv_cq: CompletionQueue,
     pub(crate) closed: AtomicBool,
     pub(crate) kicker: Arc<EngineShared>,
+    /// When an application thread last drove this endpoint's progress (nanoseconds on
+    /// [`clock_ns`]; 0 = not polling). While recent, the engine leaves reads to it.
+    pub(crate) app_polled: AtomicU64,
     /// On the connecting side: starts re-dialling a failed rail.
     pub(crate) redial: Option<Box<dyn Fn(usize) + Send + Sync>>,
 }
@@ -117,36 +134,49 @@ impl EndpointShared {
         let io = &self.rails[rail];
         let mut tx = io.tx.lock();
         loop {
-            if tx.cur.is_none() || !self.session.lock().rail_alive(rail) {
+            {
+                // Top the batch up: several small frames (a Done and the next request, say)
+                // leave in one system call.
                 let mut s = self.session.lock();
                 if !s.rail_alive(rail) {
                     // Whatever was half-written is in the session's log, to be sent elsewhere.
-                    tx.cur = None;
+                    tx.batch.clear();
+                    tx.off = 0;
                     return Ok(Flush::Idle);
                 }
-                tx.cur = s.poll_transmit(rail, Instant::now());
-                tx.off = 0;
-                if tx.cur.is_none() {
-                    return Ok(Flush::Idle);
+                let mut bytes: usize = tx.batch.iter().map(Transmit::len).sum::<usize>() - tx.off;
+                while tx.batch.len() < BATCH_FRAMES && bytes < BATCH_BYTES {
+                    match s.poll_transmit(rail, Instant::now()) {
+                        Some(t) => {
+                            bytes += t.len();
+                            tx.batch.push_back(t);
+                        }
+                        None => break,
+                    }
                 }
             }
-            let t = tx.cur.as_ref().expect("set above");
-            let len = t.len();
-            let mut pieces = Vec::with_capacity(1 + t.payload.len());
-            pieces.push((t.header.as_ptr(), HEADER_LEN));
-            pieces.extend_from_slice(&t.payload);
+            if tx.batch.is_empty() {
+                return Ok(Flush::Idle);
+            }
+            let mut pieces = Vec::with_capacity(2 * tx.batch.len());
+            for t in &tx.batch {
+                pieces.push((t.header.as_ptr(), HEADER_LEN));
+                pieces.extend_from_slice(&t.payload);
+            }
             match io::send_pieces(tx.stream.as_raw_fd(), &pieces, tx.off) {
                 Ok(n) => {
                     tx.off += n;
-                    if tx.off >= len
-                        && let Some(seq) = tx.cur.take().and_then(|t| t.read_response)
-                    {
-                        let mut s = self.session.lock();
-                        s.transmitted(seq);
-                        if s.rx_retry_pending() {
-                            // A request waited for this read response; the engine resumes it.
-                            drop(s);
-                            self.kicker.kick(self.id);
+                    while tx.batch.front().is_some_and(|t| t.len() <= tx.off) {
+                        let t = tx.batch.pop_front().expect("checked");
+                        tx.off -= t.len();
+                        if let Some(seq) = t.read_response {
+                            let mut s = self.session.lock();
+                            s.transmitted(seq);
+                            if s.rx_retry_pending() {
+                                // A request waited for this read response; the engine resumes it.
+                                drop(s);
+                                self.kicker.kick(self.id);
+                            }
                         }
                     }
                 }
@@ -198,6 +228,49 @@ impl EndpointShared {
         }
     }
 
+    /// Runs `rail`'s receive loop; waits for the lock if another thread holds it.
+    fn rx_run(&self, rail: usize) -> RxStep {
+        let mut c = self.rails[rail].rx.lock();
+        RxRail {
+            ep: self,
+            rail,
+            c: &mut c,
+        }
+        .run()
+    }
+
+    /// Progress driven by an application thread polling a completion queue: reads every rail
+    /// no other thread is reading, and sends what that produced. This saves the hand-off from
+    /// the engine thread on latency-bound loops.
+    pub(crate) fn progress_inline(&self) {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        self.app_polled.store(clock_ns(), Ordering::Release);
+        // What the previous poll's reading produced (acknowledgements, Done frames) goes out
+        // first: a request the application posted in between carries it in the same send.
+        let want_tx = {
+            let s = self.session.lock();
+            (0..self.rails.len()).any(|r| s.wants_transmit(r))
+        };
+        if want_tx {
+            self.flush_all();
+        }
+        for rail in 0..self.rails.len() {
+            if let Some(mut c) = self.rails[rail].rx.try_lock() {
+                RxRail {
+                    ep: self,
+                    rail,
+                    c: &mut c,
+                }
+                .run();
+            }
+        }
+        if self.session.lock().rx_retry_pending() {
+            self.kicker.kick(self.id);
+        }
+    }
+
     /// Shuts the sockets of rails the session has given up.
     pub(crate) fn close_dead_rails(&self, s: &mut Session) {
         let dead = s.take_dead_rails();
@@ -216,15 +289,36 @@ impl EndpointShared {
     }
 }
 
-/// Receive-side state of one rail, owned by the engine thread.
-struct RxRail {
-    ep: Arc<EndpointShared>,
-    rail: usize,
+/// Receive-side state of one rail. Whoever holds its lock (the engine thread, or an
+/// application thread polling a completion queue) reads the socket.
+pub(crate) struct RxCore {
     buf: Box<[u8; RX_BUF]>,
     start: usize,
     end: usize,
     state: RxState,
     bulk: bool,
+    /// The last read came back short: the socket was empty, no need to ask again now.
+    drained: bool,
+}
+
+impl RxCore {
+    fn new() -> RxCore {
+        RxCore {
+            buf: Box::new([0u8; RX_BUF]),
+            start: 0,
+            end: 0,
+            state: RxState::Header,
+            bulk: false,
+            drained: false,
+        }
+    }
+}
+
+/// The receive loop of one rail, with its state locked.
+struct RxRail<'a> {
+    ep: &'a EndpointShared,
+    rail: usize,
+    c: &'a mut RxCore,
 }
 
 enum RxState {
@@ -249,32 +343,40 @@ enum RxStep {
     Dead,
 }
 
-impl RxRail {
+impl RxRail<'_> {
     fn buffered(&self) -> usize {
-        self.end - self.start
+        self.c.end - self.c.start
     }
 
     /// Reads and executes frames until the socket is empty, the rail stalls, or it fails.
     fn run(&mut self) -> RxStep {
         let fd = self.ep.rails[self.rail].fd();
+        // Every call reads at least once: it was called because bytes may have arrived.
+        self.c.drained = false;
         loop {
-            match std::mem::replace(&mut self.state, RxState::Header) {
+            match std::mem::replace(&mut self.c.state, RxState::Header) {
                 RxState::Dead => {
-                    self.state = RxState::Dead;
+                    self.c.state = RxState::Dead;
                     return RxStep::Dead;
                 }
                 RxState::Header => {
                     if self.buffered() < HEADER_LEN {
-                        if self.start > 0 {
-                            self.buf.copy_within(self.start..self.end, 0);
-                            self.end -= self.start;
-                            self.start = 0;
+                        if self.c.start > 0 {
+                            self.c.buf.copy_within(self.c.start..self.c.end, 0);
+                            self.c.end -= self.c.start;
+                            self.c.start = 0;
                         }
-                        let want = if self.bulk { HEADER_LEN } else { RX_BUF };
-                        match io::recv_into(fd, &mut self.buf[self.end..want.max(self.end + 1)]) {
+                        if self.c.drained {
+                            self.ep.session.lock().on_rx_idle(self.rail);
+                            return RxStep::Wait;
+                        }
+                        let want = if self.c.bulk { HEADER_LEN } else { RX_BUF };
+                        let room = want.max(self.c.end + 1) - self.c.end;
+                        match io::recv_into(fd, &mut self.c.buf[self.c.end..self.c.end + room]) {
                             Ok(0) => return self.die("peer closed the connection"),
                             Ok(n) => {
-                                self.end += n;
+                                self.c.end += n;
+                                self.c.drained = n < room;
                                 continue;
                             }
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -284,7 +386,7 @@ impl RxRail {
                             Err(e) => return self.die(&format!("receive failed: {e}")),
                         }
                     }
-                    match FrameHeader::decode(&self.buf[self.start..self.end]) {
+                    match FrameHeader::decode(&self.c.buf[self.c.start..self.c.end]) {
                         Ok(h) => {
                             if let Some(step) = self.offer(h) {
                                 return step;
@@ -299,22 +401,28 @@ impl RxRail {
                     }
                 }
                 RxState::Payload { place, len, done } => {
+                    if self.c.drained {
+                        self.c.state = RxState::Payload { place, len, done };
+                        return RxStep::Wait;
+                    }
                     match io::recv_pieces(fd, &place.iov, done) {
                         Ok(0) => return self.die("peer closed the connection"),
                         Ok(n) if done + n >= len => self.payload_done(len),
                         Ok(n) => {
+                            // A short read means the socket is empty for now.
+                            self.c.drained = true;
                             self.ep
                                 .session
                                 .lock()
                                 .on_rx_progress(self.rail, Instant::now());
-                            self.state = RxState::Payload {
+                            self.c.state = RxState::Payload {
                                 place,
                                 len,
                                 done: done + n,
                             }
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            self.state = RxState::Payload { place, len, done };
+                            self.c.state = RxState::Payload { place, len, done };
                             return RxStep::Wait;
                         }
                         Err(e) => return self.die(&format!("receive failed: {e}")),
@@ -326,9 +434,9 @@ impl RxRail {
                     match io::recv_into(fd, &mut scratch[..n]) {
                         Ok(0) => return self.die("peer closed the connection"),
                         Ok(n) if n >= left => self.payload_done(0),
-                        Ok(n) => self.state = RxState::Discard { left: left - n },
+                        Ok(n) => self.c.state = RxState::Discard { left: left - n },
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            self.state = RxState::Discard { left };
+                            self.c.state = RxState::Discard { left };
                             return RxStep::Wait;
                         }
                         Err(e) => return self.die(&format!("receive failed: {e}")),
@@ -352,13 +460,13 @@ impl RxRail {
         self.ep.close_dead_rails(&mut s);
         drop(s);
         if matches!(action, RxAction::Stall) {
-            self.state = RxState::Stalled(h);
+            self.c.state = RxState::Stalled(h);
             return Some(RxStep::Wait);
         }
         // The header (also a stalled one: nothing is read while stalled) starts the buffer.
-        self.start += HEADER_LEN;
+        self.c.start += HEADER_LEN;
         let len = h.payload_len as usize;
-        self.bulk = h.payload_len >= BULK_PAYLOAD;
+        self.c.bulk = h.payload_len >= BULK_PAYLOAD;
         match action {
             RxAction::Stall => unreachable!("handled above"),
             RxAction::Done => {}
@@ -374,18 +482,18 @@ impl RxRail {
                     // SAFETY: p points at l writable bytes of pinned registered memory.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
-                            self.buf[self.start + copied..].as_ptr(),
+                            self.c.buf[self.c.start + copied..].as_ptr(),
                             p,
                             n,
                         )
                     };
                     copied += n;
                 }
-                self.start += have;
+                self.c.start += have;
                 if have == len {
                     self.payload_done(len);
                 } else {
-                    self.state = RxState::Payload {
+                    self.c.state = RxState::Payload {
                         place,
                         len,
                         done: have,
@@ -394,11 +502,11 @@ impl RxRail {
             }
             RxAction::Discard => {
                 let have = self.buffered().min(len);
-                self.start += have;
+                self.c.start += have;
                 if have == len {
                     self.payload_done(0);
                 } else {
-                    self.state = RxState::Discard { left: len - have };
+                    self.c.state = RxState::Discard { left: len - have };
                 }
             }
         }
@@ -411,14 +519,14 @@ impl RxRail {
         self.ep.deliver(&mut s);
         self.ep.close_dead_rails(&mut s);
         drop(s);
-        self.state = RxState::Header;
+        self.c.state = RxState::Header;
         if let Err(e) = r {
             self.die(&format!("protocol error: {e}"));
         }
     }
 
     fn die(&mut self, why: &str) -> RxStep {
-        self.state = RxState::Dead;
+        self.c.state = RxState::Dead;
         self.ep.fail_rail(self.rail, why);
         RxStep::Dead
     }
@@ -510,9 +618,12 @@ struct EngineLoop {
     poll: Poll,
     shared: Arc<EngineShared>,
     /// Receive state per token.
-    rx: HashMap<usize, RxRail>,
+    rx: HashMap<usize, (Arc<EndpointShared>, usize)>,
     /// Tokens of each endpoint's rails.
     endpoints: HashMap<u64, (Arc<EndpointShared>, Vec<usize>)>,
+    /// Endpoints whose reads are left to an application thread polling them (their
+    /// sockets are registered for writability only).
+    muted: Vec<u64>,
     next_token: usize,
 }
 
@@ -523,6 +634,7 @@ impl EngineLoop {
             shared,
             rx: HashMap::new(),
             endpoints: HashMap::new(),
+            muted: Vec::new(),
             next_token: 0,
         }
     }
@@ -531,7 +643,11 @@ impl EngineLoop {
         let mut events = Events::with_capacity(256);
         let mut next_tick = Instant::now() + TICK;
         loop {
-            let timeout = next_tick.saturating_duration_since(Instant::now());
+            let mut timeout = next_tick.saturating_duration_since(Instant::now());
+            if !self.muted.is_empty() {
+                // Check back soon whether the polling thread is still there.
+                timeout = timeout.min(std::time::Duration::from_nanos(APP_POLL_HOLD_NS));
+            }
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
@@ -545,12 +661,15 @@ impl EngineLoop {
                     continue;
                 }
                 let token = ev.token().0;
-                let Some(rx) = self.rx.get_mut(&token) else {
+                let Some((ep, rail)) = self.rx.get(&token).cloned() else {
                     continue;
                 };
-                let ep = rx.ep.clone();
                 if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                    rx.run();
+                    if ep.app_polling(clock_ns()) && !ev.is_read_closed() && !ev.is_error() {
+                        self.mute(&ep);
+                    } else {
+                        ep.rx_run(rail);
+                    }
                 }
                 if ev.is_writable() && !ep.closed.load(Ordering::Acquire) {
                     ep.flush_all();
@@ -577,6 +696,7 @@ impl EngineLoop {
                     }
                 }
             }
+            touched.extend(self.unmute_idle());
             let now = Instant::now();
             if now >= next_tick {
                 next_tick = now + TICK;
@@ -589,6 +709,49 @@ impl EngineLoop {
             }
             self.reap();
         }
+    }
+
+    fn set_interest(&self, ep: &EndpointShared, interest: Interest) {
+        if let Some((_, tokens)) = self.endpoints.get(&ep.id) {
+            for (rail, t) in tokens.iter().enumerate() {
+                let fd = ep.rails[rail].fd();
+                let _ = self
+                    .poll
+                    .registry()
+                    .reregister(&mut SourceFd(&fd), Token(*t), interest);
+            }
+        }
+    }
+
+    /// Leaves the endpoint's reads to the application thread polling it.
+    fn mute(&mut self, ep: &EndpointShared) {
+        if !self.muted.contains(&ep.id) {
+            self.set_interest(ep, Interest::WRITABLE);
+            self.muted.push(ep.id);
+        }
+    }
+
+    /// Takes reads back from endpoints no longer polled; returns them (their sockets may
+    /// hold bytes that arrived unannounced).
+    fn unmute_idle(&mut self) -> Vec<u64> {
+        let now = clock_ns();
+        let mut back = Vec::new();
+        let muted = std::mem::take(&mut self.muted);
+        for id in muted {
+            let Some((ep, _)) = self.endpoints.get(&id).cloned() else {
+                continue;
+            };
+            if ep.app_polling(now) && !ep.closed.load(Ordering::Acquire) {
+                self.muted.push(id);
+                continue;
+            }
+            self.set_interest(&ep, Interest::READABLE | Interest::WRITABLE);
+            for rail in 0..ep.rails.len() {
+                ep.rx_run(rail);
+            }
+            back.push(id);
+        }
+        back
     }
 
     /// Keepalives and dead-peer detection for every endpoint; returns those with frames to send.
@@ -621,18 +784,7 @@ impl EngineLoop {
             ) {
                 ep.fail_rail(i, &format!("cannot register with the progress engine: {e}"));
             }
-            self.rx.insert(
-                token,
-                RxRail {
-                    ep: ep.clone(),
-                    rail: i,
-                    buf: Box::new([0u8; RX_BUF]),
-                    start: 0,
-                    end: 0,
-                    state: RxState::Header,
-                    bulk: false,
-                },
-            );
+            self.rx.insert(token, (ep.clone(), i));
             tokens.push(token);
         }
         let id = ep.id;
@@ -654,12 +806,7 @@ impl EngineLoop {
         let _ = self.poll.registry().deregister(&mut SourceFd(&old));
         let fd = stream.as_raw_fd();
         ep.rails[rail].replace(stream);
-        if let Some(rx) = self.rx.get_mut(&token) {
-            rx.start = 0;
-            rx.end = 0;
-            rx.bulk = false;
-            rx.state = RxState::Header;
-        }
+        *ep.rails[rail].rx.lock() = RxCore::new();
         let restored = {
             let mut s = ep.session.lock();
             let ok = s.on_rail_restored(rail);
@@ -675,9 +822,7 @@ impl EngineLoop {
             ep.rails[rail].shutdown();
             return;
         }
-        if let Some(rx) = self.rx.get_mut(&token) {
-            rx.run();
-        }
+        ep.rx_run(rail);
     }
 
     fn progress_rx_all(&mut self, id: u64) {
@@ -685,8 +830,8 @@ impl EngineLoop {
             return;
         };
         for t in tokens.clone() {
-            if let Some(rx) = self.rx.get_mut(&t) {
-                rx.run();
+            if let Some((ep, rail)) = self.rx.get(&t).cloned() {
+                ep.rx_run(rail);
             }
         }
     }
@@ -700,11 +845,9 @@ impl EngineLoop {
         for _ in 0..64 {
             let retry = ep.session.lock().take_rx_retry();
             if retry != 0 {
-                for (i, t) in tokens.iter().enumerate() {
-                    if retry & (1 << i) != 0
-                        && let Some(rx) = self.rx.get_mut(t)
-                    {
-                        rx.run();
+                for (i, _) in tokens.iter().enumerate() {
+                    if retry & (1 << i) != 0 {
+                        ep.rx_run(i);
                     }
                 }
             }
@@ -729,6 +872,7 @@ impl EngineLoop {
     }
 
     fn remove(&mut self, id: u64) {
+        self.muted.retain(|m| *m != id);
         if let Some((ep, tokens)) = self.endpoints.remove(&id) {
             for (i, t) in tokens.into_iter().enumerate() {
                 self.rx.remove(&t);
@@ -748,6 +892,26 @@ impl EngineLoop {
             .collect();
         for id in dead {
             self.remove(id);
+        }
+    }
+}
+
+impl EndpointShared {
+    fn app_polling(&self, now_ns: u64) -> bool {
+        let at = self.app_polled.load(Ordering::Acquire);
+        at != 0 && now_ns.saturating_sub(at) < APP_POLL_HOLD_NS
+    }
+}
+
+impl crate::cq::Driver for EndpointShared {
+    fn drive(&self) {
+        self.progress_inline();
+    }
+
+    fn release(&self) {
+        // The polling thread is going to sleep: the engine must read again, now.
+        if self.app_polled.swap(0, Ordering::AcqRel) != 0 {
+            self.kicker.kick(self.id);
         }
     }
 }
