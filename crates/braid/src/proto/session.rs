@@ -86,7 +86,7 @@ impl Default for SessionConfig {
             min_window: 512 << 10,
             max_window: 32 << 20,
             target_delay: Duration::from_millis(4),
-            ack_threshold: 128 << 10,
+            ack_threshold: 512 << 10,
             payload_crc: false,
             max_staged: 256 << 20,
             keepalive_interval: Duration::from_millis(250),
@@ -272,17 +272,21 @@ struct RespCursor {
     copy: Option<(Arc<StagingBuf>, u64)>,
 }
 
-/// A read response not yet fully written to the rails: its bytes are read from the region
-/// at transmission time, so requests that modify them must wait (the read must return the
-/// memory as it was when the read executed, not as a later request left it).
+/// A read response some of whose bytes are still read from the region: chunks not handed
+/// out yet, frames being written, and frames logged for retransmission until acknowledged.
+/// The read must return the memory as it was when the read executed, not as a later request
+/// left it, so a request that modifies those bytes first has them copied aside (see
+/// `Session::read_conflict`); it waits only for frames being written.
 struct ReadGuard {
     seq: u64,
     start: usize,
     end: usize,
-    /// Frames handed out and not yet reported written.
+    /// Frames handed out from the region and not yet reported written.
     frames: u32,
     /// Every chunk has been handed out.
     assigned: bool,
+    /// Frames sent from the region and still logged (on a rail or awaiting retransmission).
+    logged: u32,
 }
 
 struct PostedRecv {
@@ -477,8 +481,8 @@ pub struct Transmit {
     pub header: [u8; HEADER_LEN],
     /// Payload pieces, in order, as (pointer, length).
     pub payload: Vec<(*const u8, usize)>,
-    /// For a read-response chunk: the read it belongs to. The driver reports the frame with
-    /// [`Session::transmitted`] once it is completely written.
+    /// For a read-response chunk sent straight from the target's region: a token the driver
+    /// hands back to [`Session::transmitted`] once the frame is completely written.
     pub read_response: Option<u64>,
     _keep: Option<Keep>,
 }
@@ -540,6 +544,10 @@ pub struct Session {
     rx_retry: u64,
     failed: Option<Status>,
     reads_active: Vec<ReadGuard>,
+    /// Read-response frames handed out from the region and not yet reported written:
+    /// (token given to the driver, read, rail).
+    tx_frames: Vec<(u64, u64, usize)>,
+    next_token: u64,
     /// Frames of dead rails to send again.
     retx: VecDeque<LogEntry>,
     /// A rail has been lost: requests ahead of their turn are staged instead of stalling.
@@ -591,6 +599,18 @@ fn response_frame(
         _ => {
             let ptr = pin.ptr_at((addr + off) as usize) as *const u8;
             (h, vec![(ptr, len as usize)], Some(Keep::Pin(pin.clone())))
+        }
+    }
+}
+
+/// A logged frame of read `seq` sent from the region is acknowledged, or now has a private
+/// copy: its guard lets go of it (and goes once nothing else holds it).
+fn unlog_response(guards: &mut Vec<ReadGuard>, seq: u64) {
+    if let Some(i) = guards.iter().position(|g| g.seq == seq) {
+        let g = &mut guards[i];
+        g.logged = g.logged.saturating_sub(1);
+        if g.frames == 0 && g.assigned && g.logged == 0 {
+            guards.swap_remove(i);
         }
     }
 }
@@ -654,6 +674,8 @@ impl Session {
             rx_retry: 0,
             failed: None,
             reads_active: Vec::new(),
+            tx_frames: Vec::new(),
+            next_token: 0,
             retx: VecDeque::new(),
             recovering: false,
             staged: BTreeMap::new(),
@@ -903,7 +925,12 @@ impl Session {
         let read_response = (hdr.opcode == Opcode::ReadResponse
             && orig.is_none()
             && matches!(keep, Some(Keep::Pin(_))))
-        .then_some(hdr.seq);
+        .then(|| {
+            let token = self.next_token;
+            self.next_token += 1;
+            self.tx_frames.push((token, hdr.seq, rail));
+            token
+        });
         Some(Transmit {
             header: hdr.encode(),
             payload,
@@ -987,8 +1014,27 @@ impl Session {
                     off,
                     len,
                 } => {
+                    // Resent from a private copy of the bytes the read saw: taken now if no
+                    // request has modified them yet (else `read_conflict` took it then).
+                    let copy = match copy {
+                        Some(c) => Some(c.clone()),
+                        None => {
+                            let buf = StagingBuf::new(*len as usize);
+                            // SAFETY: inside the pinned region (checked when the read
+                            // executed); the destination is the new buffer of `len` bytes.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    pin.ptr_at((*addr + *off) as usize),
+                                    buf.ptr,
+                                    *len as usize,
+                                )
+                            };
+                            unlog_response(&mut self.reads_active, *seq);
+                            Some((buf, *off))
+                        }
+                    };
                     let (h, payload, keep) =
-                        response_frame(pin, copy, *seq, *addr, *total, *off, *len);
+                        response_frame(pin, &copy, *seq, *addr, *total, *off, *len);
                     let logged = Sent::Response {
                         pin: pin.clone(),
                         copy: copy.clone(),
@@ -1037,34 +1083,89 @@ impl Session {
         if let Some(g) = self.reads_active.iter_mut().find(|g| g.seq == seq) {
             // Only frames read from the region itself hold its guard.
             g.frames += from_region as u32;
+            g.logged += from_region as u32;
             g.assigned |= finished;
         }
         (h, payload, keep, Some(logged))
     }
 
-    /// Reports that the read-response frame of read `seq` has been completely written.
-    pub fn transmitted(&mut self, seq: u64) {
-        if let Some(i) = self.reads_active.iter().position(|g| g.seq == seq) {
-            let g = &mut self.reads_active[i];
-            g.frames = g.frames.saturating_sub(1);
-            if g.frames == 0 && g.assigned {
-                self.reads_active.swap_remove(i);
-                self.retry_stalled();
-            }
+    /// Reports that the read-response frame given `token` (its [`Transmit::read_response`])
+    /// has been completely written.
+    pub fn transmitted(&mut self, token: u64) {
+        let Some(i) = self.tx_frames.iter().position(|f| f.0 == token) else {
+            // Its rail died meanwhile (or the session failed): already accounted.
+            return;
+        };
+        let (_, seq, _) = self.tx_frames.swap_remove(i);
+        if self.frame_written(seq) {
+            // A request (maybe a staged one) may have waited for this frame.
+            self.retry_stalled();
+            self.apply_staged();
         }
     }
 
+    /// One frame of read `seq` no longer reads the region; true when a request waiting for
+    /// the read's frames may go ahead.
+    fn frame_written(&mut self, seq: u64) -> bool {
+        let Some(i) = self.reads_active.iter().position(|g| g.seq == seq) else {
+            return false;
+        };
+        let g = &mut self.reads_active[i];
+        g.frames = g.frames.saturating_sub(1);
+        let released = g.frames == 0 && g.assigned;
+        if released && g.logged == 0 {
+            self.reads_active.swap_remove(i);
+        }
+        released
+    }
+
+    /// Takes a private copy of every logged response frame of read `seq` that is still sent
+    /// from the region and overlaps the region bytes `[start, end)`, so that a
+    /// retransmission sends the bytes the read saw. Returns how many it copied.
+    fn copy_logged_responses(&mut self, seq: u64, start: usize, end: usize) -> u32 {
+        let mut n = 0;
+        let logs = self.rails.iter_mut().flat_map(|r| r.log.iter_mut());
+        for e in logs.chain(self.retx.iter_mut()) {
+            let Sent::Response {
+                pin,
+                copy: copy @ None,
+                seq: s,
+                addr,
+                off,
+                len,
+                ..
+            } = &mut e.frame
+            else {
+                continue;
+            };
+            let src = pin.ptr_at((*addr + *off) as usize);
+            let len = *len as usize;
+            if *s != seq || !((src as usize) < end && start < src as usize + len) {
+                continue;
+            }
+            let buf = StagingBuf::new(len);
+            // SAFETY: the source is inside the pinned region (checked when the read executed)
+            // and unchanged since (every overlapping request comes here first); the
+            // destination is the new buffer of exactly `len` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(src, buf.ptr, len) };
+            *copy = Some((buf, *off));
+            n += 1;
+        }
+        n
+    }
+
     /// A request wants to modify `[start, end)`. Read responses that would still read those
-    /// bytes from the region take a private copy of what they have not handed out yet, so
-    /// the request can go ahead; it waits (true) only for frames already handed to the
-    /// driver, which need no acknowledgement to finish.
+    /// bytes from the region take a private copy of what they have not handed out yet, and
+    /// of the logged frames a retransmission would send, so the request can go ahead; it
+    /// waits (true) only for frames already handed to the driver, which need no
+    /// acknowledgement to finish.
     fn read_conflict(&mut self, start: usize, end: usize) -> bool {
         let mut wait = false;
         let mut i = 0;
         while i < self.reads_active.len() {
-            let (seq, g_start, g_end, assigned) = {
+            let (seq, g_start, g_end, assigned, logged) = {
                 let g = &self.reads_active[i];
-                (g.seq, g.start, g.end, g.assigned)
+                (g.seq, g.start, g.end, g.assigned, g.logged)
             };
             if !(start < g_end && g_start < end) {
                 i += 1;
@@ -1089,12 +1190,17 @@ impl Session {
                 };
                 c.copy = Some((buf, c.next_off));
             }
-            self.reads_active[i].assigned = true;
-            if self.reads_active[i].frames > 0 {
-                wait = true;
-                i += 1;
-            } else {
+            if logged > 0 {
+                let n = self.copy_logged_responses(seq, start, end);
+                self.reads_active[i].logged -= n;
+            }
+            let g = &mut self.reads_active[i];
+            g.assigned = true;
+            wait |= g.frames > 0;
+            if g.frames == 0 && g.logged == 0 {
                 self.reads_active.swap_remove(i);
+            } else {
+                i += 1;
             }
         }
         wait
@@ -1160,7 +1266,14 @@ impl Session {
                 r.rate.on_ack(h.rail_ack - r.acked, now, busy);
                 r.acked = h.rail_ack;
                 while r.log.front().is_some_and(|e| e.end <= r.acked) {
-                    r.log.pop_front();
+                    let e = r.log.pop_front().expect("checked");
+                    // A response frame sent from the region no longer needs its bytes.
+                    if let Sent::Response {
+                        seq, copy: None, ..
+                    } = e.frame
+                    {
+                        unlog_response(&mut self.reads_active, seq);
+                    }
                 }
             }
         }
@@ -1191,6 +1304,18 @@ impl Session {
                     return Ok(RxAction::Discard);
                 }
                 return Ok(RxAction::Done);
+            }
+            // An earlier copy of the same frame is still being read on another rail: the peer
+            // resent it again because it gave that rail up too, which we may not know yet.
+            // Wait until that copy is complete (then this one is a duplicate) or its rail
+            // dies (then this one counts).
+            if self
+                .rails
+                .iter()
+                .any(|r| r.alive && r.rx_retx == Some((orig_rail, orig_end)))
+            {
+                self.rails[rail].stalled = true;
+                return Ok(RxAction::Stall);
             }
         }
         let action = if h.opcode.is_request() {
@@ -1278,6 +1403,7 @@ impl Session {
                             end: start + h.arg0 as usize,
                             frames: 0,
                             assigned: false,
+                            logged: 0,
                         });
                         self.tx_resp.push_back(RespCursor {
                             seq: h.seq,
@@ -1588,6 +1714,8 @@ impl Session {
         };
         if let Some(key) = self.rails[rail].rx_retx.take() {
             self.retx_seen.insert(key);
+            // Another copy of it may be waiting (see on_frame): it is now a duplicate.
+            self.retry_stalled();
         }
         if let Some((h, pieces)) = self.rails[rail].crc_check.take() {
             let mut got = 0;
@@ -1819,8 +1947,12 @@ impl Session {
         let mut down = FrameHeader::new(Opcode::RailDown);
         down.arg0 = rail as u64;
         heir_ctrl.push_front(down);
-        // Responses retransmitted later are read from memory again: release the guards.
-        self.reads_active.clear();
+        // A response frame the driver was writing on the dead rail no longer matters (its log
+        // entry is resent from a copy); requests waiting for it may go ahead.
+        while let Some(i) = self.tx_frames.iter().position(|f| f.2 == rail) {
+            let (_, seq, _) = self.tx_frames.swap_remove(i);
+            self.frame_written(seq);
+        }
         self.retry_stalled();
     }
 
@@ -1883,6 +2015,7 @@ impl Session {
         self.tx_req.clear();
         self.tx_resp.clear();
         self.reads_active.clear();
+        self.tx_frames.clear();
         self.retx.clear();
         self.staged.clear();
         self.staged_bytes = 0;
