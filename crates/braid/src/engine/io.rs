@@ -6,19 +6,17 @@ use std::os::fd::RawFd;
 /// Most iovec entries handed to one system call.
 const MAX_IOV: usize = 64;
 
-/// Sends from `pieces` starting `skip` bytes in; returns bytes sent. `WouldBlock` when the
-/// socket buffer is full.
-pub(crate) fn send_pieces(
-    fd: RawFd,
-    pieces: &[(*const u8, usize)],
+/// The iovecs for `pieces` minus their first `skip` bytes (at most [`MAX_IOV`]).
+fn iovecs(
+    pieces: impl Iterator<Item = (*mut u8, usize)>,
     mut skip: usize,
-) -> io::Result<usize> {
-    let mut iov: [libc::iovec; MAX_IOV] = [libc::iovec {
+) -> ([libc::iovec; MAX_IOV], usize) {
+    let mut iov = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
     }; MAX_IOV];
     let mut n = 0;
-    for &(p, l) in pieces {
+    for (p, l) in pieces {
         if skip >= l {
             skip -= l;
             continue;
@@ -28,12 +26,37 @@ pub(crate) fn send_pieces(
         }
         // SAFETY: skip < l, so the pointer stays inside the piece.
         iov[n] = libc::iovec {
-            iov_base: unsafe { p.add(skip) } as *mut libc::c_void,
+            iov_base: unsafe { p.add(skip) }.cast(),
             iov_len: l - skip,
         };
         skip = 0;
         n += 1;
     }
+    (iov, n)
+}
+
+/// Retries a system call interrupted by a signal.
+fn retry(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let r = call();
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Sends from `pieces` starting `skip` bytes in; returns bytes sent. `WouldBlock` when the
+/// socket buffer is full.
+pub(crate) fn send_pieces(
+    fd: RawFd,
+    pieces: &[(*const u8, usize)],
+    skip: usize,
+) -> io::Result<usize> {
+    let (mut iov, n) = iovecs(pieces.iter().map(|&(p, l)| (p as *mut u8, l)), skip);
     if n == 0 {
         return Ok(0);
     }
@@ -41,73 +64,26 @@ pub(crate) fn send_pieces(
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_mut_ptr();
     msg.msg_iovlen = n as _;
-    loop {
-        // SAFETY: msg is fully initialised; the pieces are kept alive by the caller.
-        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    // SAFETY: msg is fully initialised; the pieces are kept alive by the caller.
+    retry(|| unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })
 }
 
 /// Receives into `pieces` starting `skip` bytes in; returns bytes received (0 = peer closed).
 pub(crate) fn recv_pieces(
     fd: RawFd,
     pieces: &[(*mut u8, usize)],
-    mut skip: usize,
+    skip: usize,
 ) -> io::Result<usize> {
-    let mut iov: [libc::iovec; MAX_IOV] = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; MAX_IOV];
-    let mut n = 0;
-    for &(p, l) in pieces {
-        if skip >= l {
-            skip -= l;
-            continue;
-        }
-        if n == MAX_IOV {
-            break;
-        }
-        // SAFETY: skip < l.
-        iov[n] = libc::iovec {
-            iov_base: unsafe { p.add(skip) }.cast(),
-            iov_len: l - skip,
-        };
-        skip = 0;
-        n += 1;
-    }
+    let (iov, n) = iovecs(pieces.iter().copied(), skip);
     if n == 0 {
         return Ok(0);
     }
-    loop {
-        // SAFETY: iov has n valid entries pointing into pinned registered memory.
-        let r = unsafe { libc::readv(fd, iov.as_ptr(), n as i32) };
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    // SAFETY: iov has n valid entries pointing into pinned registered memory.
+    retry(|| unsafe { libc::readv(fd, iov.as_ptr(), n as i32) })
 }
 
 /// Receives into `buf`; returns bytes received (0 = peer closed).
 pub(crate) fn recv_into(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        // SAFETY: buf is a valid writable slice.
-        let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    // SAFETY: buf is a valid writable slice.
+    retry(|| unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) })
 }

@@ -254,6 +254,20 @@ struct OutOp {
     done: Option<(Status, Option<u64>)>,
 }
 
+impl OutOp {
+    fn completion(&self, status: Status, value: Option<u64>, endpoint: u64) -> Completion {
+        Completion {
+            wr_id: self.wr_id,
+            kind: self.kind,
+            status,
+            byte_len: if status.is_ok() { self.total } else { 0 },
+            imm: self.imm,
+            value,
+            endpoint,
+        }
+    }
+}
+
 /// Transmit cursor over the requests whose frames are not all handed to rails yet.
 struct ReqCursor {
     seq: u64,
@@ -1211,15 +1225,8 @@ impl Session {
         while self.ops.front().is_some_and(|o| o.done.is_some()) {
             let op = self.ops.pop_front().expect("front exists");
             let (status, value) = op.done.expect("checked");
-            self.completions.push_back(Completion {
-                wr_id: op.wr_id,
-                kind: op.kind,
-                status,
-                byte_len: if status.is_ok() { op.total } else { 0 },
-                imm: op.imm,
-                value,
-                endpoint: self.endpoint_id,
-            });
+            let c = op.completion(status, value, self.endpoint_id);
+            self.completions.push_back(c);
         }
     }
 
@@ -2028,15 +2035,8 @@ impl Session {
         }
         for op in self.ops.drain(..) {
             let (status, value) = op.done.unwrap_or((status, None));
-            self.completions.push_back(Completion {
-                wr_id: op.wr_id,
-                kind: op.kind,
-                status,
-                byte_len: if status.is_ok() { op.total } else { 0 },
-                imm: op.imm,
-                value,
-                endpoint: self.endpoint_id,
-            });
+            let c = op.completion(status, value, self.endpoint_id);
+            self.completions.push_back(c);
         }
         for r in self.recvs.drain(..) {
             self.completions.push_back(Completion {
