@@ -7,4 +7,5 @@ pub mod chart;
 pub mod demo;
 pub mod parse;
 pub mod report;
+pub mod soak;
 pub mod testbed;

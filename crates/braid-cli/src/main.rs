@@ -48,6 +48,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: bench::BenchCmd,
     },
+    /// Reliability soak on a testbed it makes itself: a random verified operation mix under a
+    /// link flap; or --failover-transfer (goodput before/after a rail's loss); or --kill-peer.
+    Soak(braid_cli::soak::SoakArgs),
+    /// Internal: the target process of `braid soak --kill-peer`.
+    #[command(hide = true)]
+    SoakPeer(braid_cli::soak::PeerArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -354,5 +360,7 @@ fn real_main() -> Result<()> {
             demo::run(&opts).map(|_| ())
         }
         Cmd::Bench { cmd } => bench::run(cmd),
+        Cmd::Soak(a) => braid_cli::soak::main(&a),
+        Cmd::SoakPeer(a) => braid_cli::soak::peer_main(&a),
     }
 }
