@@ -247,7 +247,6 @@ fn a_stopped_peer_fails_outstanding_writes_within_the_timeout() {
 /// pending), and the sender's `RailDown` waits unread on the receiver's surviving rails,
 /// stalled behind the incomplete write; the transfer hangs. Run with `--ignored` to check.
 #[test]
-#[ignore = "core bug: a rail that dies mid-payload is never timed out by the receiver (hang)"]
 fn failover_transfer_on_the_testbed_verifies_every_byte() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     if skip_reason().is_some() {

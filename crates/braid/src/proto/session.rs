@@ -1852,10 +1852,9 @@ impl Session {
             let last_rx = *r.last_rx.get_or_insert(now);
             let last_tx = *r.last_tx.get_or_insert(now);
             // A rail braid itself stopped reading is not silent: its bytes wait in the kernel.
-            if !r.stalled
-                && r.rx_pending.is_none()
-                && now.saturating_duration_since(last_rx) >= self.cfg.peer_timeout
-            {
+            // A rail in the middle of a payload is: `on_rx_progress` keeps `last_rx` fresh
+            // while its bytes keep coming.
+            if !r.stalled && now.saturating_duration_since(last_rx) >= self.cfg.peer_timeout {
                 dead |= 1 << i;
             }
             if now.saturating_duration_since(last_tx) >= self.cfg.keepalive_interval
