@@ -242,10 +242,9 @@ fn a_stopped_peer_fails_outstanding_writes_within_the_timeout() {
     killed_peer("stop");
 }
 
-/// Ignored until the core bug it found is fixed: the receiving side never times out a rail
-/// whose link dies in the middle of a chunk (`Session::on_tick` skips rails with a payload
-/// pending), and the sender's `RailDown` waits unread on the receiver's surviving rails,
-/// stalled behind the incomplete write; the transfer hangs. Run with `--ignored` to check.
+/// A 1 GiB verified write during which one rail's link goes down. (It found the bug where the
+/// receiving side never timed out a rail whose link died in the middle of a chunk, and the
+/// transfer hung.)
 #[test]
 fn failover_transfer_on_the_testbed_verifies_every_byte() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
