@@ -26,8 +26,10 @@ fn nice_max(v: f64) -> f64 {
     if v <= 0.0 {
         return 1.0;
     }
+    // Steps whose fifth (the grid spacing) is a round number, so that a 478 MB/s maximum
+    // gets a 0..500 axis rather than 0..1000.
     let p = 10f64.powf(v.log10().floor());
-    for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
+    for m in [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0] {
         if m * p >= v {
             return m * p;
         }
@@ -229,7 +231,11 @@ fn bar_panel(o: &mut String, r: &Report, y0: f64) {
         }
     }
     let ymax = nice_max(vmax * 1.05);
-    let title = format!("(b) trunking comparison, {} byte messages", size);
+    let title = format!(
+        "(b) trunking comparison, {}-byte messages ({} B)",
+        size_label(size),
+        size
+    );
     let (x1, x2, yt, yb) = axes(o, y0, ymax, &title, "NICs (rails)");
     if n == 0 {
         return;
@@ -237,8 +243,23 @@ fn bar_panel(o: &mut String, r: &Report, y0: f64) {
     let group = (x2 - x1) / n as f64;
     let bw = group * 0.8 / series.len() as f64;
     let ys = |v: f64| yb - (yb - yt) * v / ymax;
+    let framing = |k: usize| -> Option<f64> {
+        r.rows
+            .iter()
+            .find(|x| x.rails == k && x.size == size)?
+            .framing_mb_s
+    };
     for k in 1..=n {
         let gx = x1 + group * (k - 1) as f64 + group * 0.1;
+        if let Some(f) = framing(k) {
+            // TCP's framing limit across the whole group: what any TCP-based transport can reach.
+            let _ = writeln!(
+                o,
+                r#"<line x1="{gx:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="black" stroke-width="1.5" stroke-dasharray="4 3"><title>TCP framing limit: {f:.1} MB/s</title></line>"#,
+                gx + group * 0.8,
+                y = ys(f)
+            );
+        }
         let _ = writeln!(
             o,
             r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{k}</text>"#,
@@ -275,6 +296,19 @@ fn bar_panel(o: &mut String, r: &Report, y0: f64) {
             r#"<rect x="{}" y="{:.1}" width="14" height="10" fill="{c}"/><text x="{}" y="{:.1}">{s}</text>"#,
             x2 + 10.0,
             y - 6.0,
+            x2 + 30.0,
+            y + 4.0
+        );
+    }
+    if (1..=n).any(|k| framing(k).is_some()) {
+        let y = yt + 18.0 * series.len() as f64;
+        let _ = writeln!(
+            o,
+            r#"<line x1="{}" y1="{:.1}" x2="{}" y2="{:.1}" stroke="black" stroke-width="1.5" stroke-dasharray="4 3"/><text x="{}" y="{:.1}">TCP framing limit</text>"#,
+            x2 + 10.0,
+            y - 1.0,
+            x2 + 24.0,
+            y - 1.0,
             x2 + 30.0,
             y + 4.0
         );

@@ -339,9 +339,52 @@ impl Runner<'_> {
     /// `<exe> bench write --rails L=A:P,... -s SIZE -D SECS --json FILE`, and reads FILE
     /// (one object or `{"results": [...]}` with `size`, `iterations`, `bw_mb_s`, `msg_rate`,
     /// `client_cpu_s_per_gb`, `server_cpu_s_per_gb`).
+    ///
+    /// The endpoint uses [`RMA_CHUNK`] and [`rma_depth`] operations in flight.
     pub fn run_rma(&mut self, k: usize, size: usize) -> Result<Measurement> {
-        self.pair("rma", &["bench", "server"], &["bench", "write"], k, size)
+        let depth = rma_depth(size).to_string();
+        let chunk = RMA_CHUNK.to_string();
+        let minw = RMA_MIN_WINDOW.to_string();
+        self.pair(
+            "rma",
+            &["bench", "server", "--chunk", &chunk, "--min-window", &minw],
+            &[
+                "bench",
+                "write",
+                "--chunk",
+                &chunk,
+                "--min-window",
+                &minw,
+                "-q",
+                &depth,
+            ],
+            k,
+            size,
+        )
     }
+}
+
+/// Chunk size of the demo's rma endpoints. With braid's default (1 MiB) an operation of
+/// 1 MiB or less is one chunk on one rail, and the target's in-order execution then stalls
+/// the other rails behind it: 1 MiB writes reached 272 MB/s of 478 on 4 × 1 Gbit/s; with
+/// 256 KiB chunks every 1 MiB write is spread over all four rails (419 MB/s in the same
+/// minute). See [`RMA_MIN_WINDOW`].
+pub const RMA_CHUNK: usize = 256 << 10;
+
+/// Smallest per-rail window of the demo's rma endpoints. With 256 KiB chunks braid's floor is
+/// 512 KiB (two chunks; rate x 4 ms at 1 Gbit/s is less), below tbf's 5 ms queue plus the
+/// acknowledgement delay: one rail reached 111.6 MB/s of 119.6 at 4 MiB. 2 MiB (the floor
+/// with 1 MiB chunks) let 64 KiB writes queue too much (374-376 MB/s over four rails, 21k tbf
+/// drops). 1 MiB gave 119.6 on one rail and 453-475 for 64 KiB writes on four, in the same
+/// minutes (`braid bench write --chunk 256K --min-window 1M`).
+pub const RMA_MIN_WINDOW: usize = 1 << 20;
+
+/// Operations in flight for `size`-byte rma writes: at least 16 MiB in flight (at most 1000
+/// operations, bench's limit). Operations no larger than a chunk go to the first rail whose
+/// window (at least two chunks) has room, so 16 × 64 KiB = 1 MiB in flight used one rail of
+/// four (119 MB/s); 256 in flight use all four.
+pub fn rma_depth(size: usize) -> usize {
+    ((16usize << 20) / size.max(1)).clamp(16, 1000)
 }
 
 /// Removes the scratch directory on every exit path (error, Ctrl-C).
@@ -523,6 +566,14 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rma_depth_keeps_16_mib_in_flight() {
+        assert_eq!(rma_depth(64 << 10), 256);
+        assert_eq!(rma_depth(1 << 20), 16);
+        assert_eq!(rma_depth(4 << 20), 16);
+        assert_eq!(rma_depth(2), 1000);
+    }
 
     #[test]
     fn measurement_json_forms() {

@@ -145,7 +145,7 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
     };
 
     let ctx = Context::new()?;
-    let (scq, rcq, opts) = Peer::options(&ctx, a.chunk)?;
+    let (scq, rcq, opts) = Peer::options(&ctx, a.chunk, &a.window)?;
     let rails: Vec<RailAddr> = a
         .rails
         .iter()

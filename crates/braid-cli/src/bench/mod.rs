@@ -104,6 +104,9 @@ pub struct ServerArgs {
     /// Chunk size of the server's endpoint (read responses are cut in chunks of this size).
     #[arg(long, value_parser = parse::parse_size)]
     pub chunk: Option<usize>,
+    /// Per-rail window settings of the server's endpoint (they govern read responses).
+    #[command(flatten)]
+    pub window: WindowArgs,
     /// Busy-poll this long (µs) in completion-queue waits before sleeping.
     #[arg(long)]
     pub spin_us: Option<u64>,
@@ -147,6 +150,9 @@ pub struct ClientArgs {
     /// Chunk size of the endpoint (SessionConfig.chunk_size).
     #[arg(long, value_parser = parse::parse_size)]
     pub chunk: Option<usize>,
+    /// Per-rail window settings of the endpoint (they govern writes and sends).
+    #[command(flatten)]
+    pub window: WindowArgs,
     /// Busy-poll this long (µs) in completion-queue waits before sleeping (both sides).
     #[arg(long)]
     pub spin_us: Option<u64>,
@@ -156,6 +162,58 @@ pub struct ClientArgs {
     /// Seconds without any completion after which the server is declared gone.
     #[arg(long, default_value_t = 10.0)]
     pub op_timeout: f64,
+}
+
+/// The striping window of each rail (`SessionConfig`): a rail takes the next chunk while its
+/// unacknowledged bytes are below `clamp(rate x target_delay, min_window, max_window)`, or
+/// `initial_window` while its rate is unknown. Unset: braid's defaults. The session raises
+/// `min_window` to at least two chunks.
+#[derive(Args, Debug, Clone, Default)]
+pub struct WindowArgs {
+    /// SessionConfig.initial_window (bytes, K/M suffixes).
+    #[arg(long, value_parser = parse::parse_size)]
+    pub initial_window: Option<usize>,
+    /// SessionConfig.min_window.
+    #[arg(long, value_parser = parse::parse_size)]
+    pub min_window: Option<usize>,
+    /// SessionConfig.max_window.
+    #[arg(long, value_parser = parse::parse_size)]
+    pub max_window: Option<usize>,
+    /// SessionConfig.target_delay in milliseconds.
+    #[arg(long)]
+    pub target_delay_ms: Option<f64>,
+}
+
+impl WindowArgs {
+    /// Applies the settings given to `cfg`.
+    pub fn apply(&self, cfg: &mut braid::SessionConfig) -> Result<()> {
+        const MAX: usize = 1 << 30;
+        for (v, what) in [
+            (self.initial_window, "--initial-window"),
+            (self.min_window, "--min-window"),
+            (self.max_window, "--max-window"),
+        ] {
+            if v.is_some_and(|v| v == 0 || v > MAX) {
+                bail!("{what} must be 1 byte .. 1 GiB");
+            }
+        }
+        if let Some(v) = self.initial_window {
+            cfg.initial_window = v as u64;
+        }
+        if let Some(v) = self.min_window {
+            cfg.min_window = v as u64;
+        }
+        if let Some(v) = self.max_window {
+            cfg.max_window = v as u64;
+        }
+        if let Some(ms) = self.target_delay_ms {
+            if !(ms > 0.0 && ms <= 10_000.0) {
+                bail!("--target-delay-ms must be between 0 and 10000");
+            }
+            cfg.target_delay = Duration::from_secs_f64(ms / 1000.0);
+        }
+        Ok(())
+    }
 }
 
 /// What one test measures.
@@ -448,6 +506,7 @@ impl Peer {
     pub fn options(
         ctx: &Context,
         chunk: Option<usize>,
+        window: &WindowArgs,
     ) -> Result<(CompletionQueue, CompletionQueue, braid::EndpointOptions)> {
         let scq = ctx.create_cq(CQ_CAP);
         let rcq = ctx.create_cq(CQ_CAP);
@@ -458,6 +517,7 @@ impl Peer {
             }
             opts.session.chunk_size = c;
         }
+        window.apply(&mut opts.session)?;
         Ok((scq, rcq, opts))
     }
 

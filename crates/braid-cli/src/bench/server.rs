@@ -47,7 +47,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
             .join(",")
     );
     loop {
-        let (scq, rcq, opts) = Peer::options(&ctx, args.chunk)?;
+        let (scq, rcq, opts) = Peer::options(&ctx, args.chunk, &args.window)?;
         let ep = match listener.accept(&opts, timeout) {
             Ok(ep) => ep,
             Err(BraidError::Timeout(_)) if args.forever => continue,
