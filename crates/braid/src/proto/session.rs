@@ -27,7 +27,9 @@
 //! operation, atomics and sends included, takes effect exactly once. A retransmitted chunk
 //! may sit behind a later request on its new rail; so once a rail has been lost, a request
 //! that arrives ahead of its turn is copied aside (staged, within a budget) instead of
-//! stalling its rail, and executed when its turn comes.
+//! stalling its rail, and executed when its turn comes. Read responses are sent from the
+//! region; the bytes of logged response frames are copied aside before a later request
+//! modifies them (or when they are resent), so a retransmitted response is exact.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;

@@ -607,11 +607,28 @@ impl Sim {
 
     /// Side `s` learns that `rail` failed (as its driver would on a reset or EOF).
     pub fn lose_rail(&mut self, s: usize, rail: usize) {
+        if self.trace {
+            eprintln!("[{:?}] side {s} loses rail {rail}", self.now);
+        }
         self.sides[s].session.on_rail_lost(rail);
         self.sides[s].rx[rail] = Rx::Dead;
         self.process_dead(s);
         self.collect_retry(s);
         self.sides[s].drain();
+    }
+
+    /// Like [`Sim::lose_rail`], but everything `s` wrote on the rail still reaches the peer
+    /// before EOF (the connection closed cleanly after the failure was decided).
+    pub fn lose_rail_delivering(&mut self, s: usize, rail: usize) {
+        if self.trace {
+            eprintln!(
+                "[{:?}] side {s} loses rail {rail} (output delivered)",
+                self.now
+            );
+        }
+        self.sides[s].session.on_rail_lost(rail);
+        self.pipes[rail][s].eof = true;
+        self.lose_rail(s, rail);
     }
 
     /// Closes the sockets of the rails side `s`'s session gave up: `s` stops reading them,
@@ -649,8 +666,19 @@ impl Sim {
     }
 
     /// Side `s` does one receive action on `rail`: one read (or a re-offered header).
-    /// Returns true if anything happened.
+    /// Returns true if anything happened. Like the engine, a side that is waiting for a
+    /// header and finds nothing more to read tells its session (`on_rx_idle`).
     pub fn rx_one(&mut self, s: usize, rail: usize) -> bool {
+        let did = self.rx_read(s, rail);
+        if matches!(self.sides[s].rx[rail], Rx::Header { .. })
+            && self.pipes[rail][1 - s].available(self.now) == 0
+        {
+            self.sides[s].session.on_rx_idle(rail);
+        }
+        did
+    }
+
+    fn rx_read(&mut self, s: usize, rail: usize) -> bool {
         let from = 1 - s;
         let state = std::mem::replace(&mut self.sides[s].rx[rail], Rx::Dead);
         match state {
@@ -766,6 +794,12 @@ impl Sim {
         let len = hdr.payload_len as usize;
         match res {
             Err(e) => {
+                if self.trace {
+                    eprintln!(
+                        "[{:?}] side {s} rail {rail}: {hdr:?} refused: {e}",
+                        self.now
+                    );
+                }
                 self.sides[s].errors.push((rail, e));
                 self.sides[s].rx[rail] = Rx::Dead;
                 self.collect_retry(s);
@@ -817,6 +851,12 @@ impl Sim {
                 self.after_event(Event::PayloadDone { side: s, rail });
             }
             Err(e) => {
+                if self.trace {
+                    eprintln!(
+                        "[{:?}] side {s} rail {rail}: payload refused: {e}",
+                        self.now
+                    );
+                }
                 self.sides[s].errors.push((rail, e));
                 self.sides[s].rx[rail] = Rx::Dead;
                 self.collect_retry(s);
