@@ -87,3 +87,24 @@ pub(crate) fn recv_into(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: buf is a valid writable slice.
     retry(|| unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) })
 }
+
+/// The kernel's most recent delivery-rate sample for a TCP socket, in bytes per second
+/// (`tcpi_delivery_rate`); `None` when unavailable or not measured yet.
+pub(crate) fn delivery_rate(fd: RawFd) -> Option<f64> {
+    // SAFETY: tcp_info is plain data; the kernel fills at most `len` bytes of it.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: valid pointers to `info` and `len`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    let have = std::mem::offset_of!(libc::tcp_info, tcpi_delivery_rate) + 8;
+    (r == 0 && len as usize >= have && info.tcpi_delivery_rate > 0)
+        .then_some(info.tcpi_delivery_rate as f64)
+}

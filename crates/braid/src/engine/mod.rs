@@ -758,6 +758,11 @@ impl EngineLoop {
     fn tick(&mut self, now: Instant) -> Vec<u64> {
         let mut touched = Vec::new();
         for (id, (ep, _)) in &self.endpoints {
+            for rail in 0..ep.rails.len() {
+                if let Some(rate) = io::delivery_rate(ep.rails[rail].fd()) {
+                    ep.session.lock().set_rail_capacity(rail, rate);
+                }
+            }
             let dead = ep.session.lock().on_tick(now);
             let t = ep.session.lock().config().peer_timeout;
             for rail in (0..ep.rails.len()).filter(|r| dead & (1 << r) != 0) {

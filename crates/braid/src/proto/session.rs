@@ -41,7 +41,7 @@ use crate::error::{Completion, CompletionKind, Status};
 use crate::mem::region::{Access, RegionPin, Sge, sgl_len};
 use crate::mem::registry::Registry;
 use crate::proto::rate::RateEstimator;
-use crate::wire::frame::{FLAG_IMM, FLAG_RETX, HEADER_LEN};
+use crate::wire::frame::{FLAG_ACK_REQ, FLAG_IMM, FLAG_RETX, HEADER_LEN};
 use crate::wire::{FrameHeader, Opcode, WireStatus};
 
 /// Tunables of a session.
@@ -56,7 +56,9 @@ pub struct SessionConfig {
     pub max_recv: usize,
     /// Window of a rail whose rate is not known yet.
     pub initial_window: u64,
-    /// Smallest window of a rail.
+    /// Smallest window of a rail (default 2 MiB, two default chunks). A rail's chunks are
+    /// at most half its window, so lowering this (e.g. to 128 KiB) gives slow rails
+    /// proportionally smaller windows and chunks when rails differ in speed.
     pub min_window: u64,
     /// Largest window of a rail.
     pub max_window: u64,
@@ -85,7 +87,7 @@ impl Default for SessionConfig {
             max_outstanding: 1024,
             max_recv: 1024,
             initial_window: 2 << 20,
-            min_window: 512 << 10,
+            min_window: 2 << 20,
             max_window: 32 << 20,
             target_delay: Duration::from_millis(4),
             ack_threshold: 512 << 10,
@@ -415,6 +417,10 @@ struct RailState {
     awaiting_restore: bool,
     /// The retransmission whose payload is being read, by original (rail, end).
     rx_retx: Option<(usize, u64)>,
+    /// Delivery rate reported by the driver (bytes per second; 0 = unknown).
+    capacity: f64,
+    /// The frame being received asked for an acknowledgement once consumed.
+    ack_after_payload: bool,
 }
 
 impl RailState {
@@ -438,6 +444,8 @@ impl RailState {
             dead_consumed: None,
             awaiting_restore: false,
             rx_retx: None,
+            capacity: 0.0,
+            ack_after_payload: false,
         }
     }
 
@@ -576,6 +584,9 @@ pub struct Session {
     dead_pending: u64,
 }
 
+/// Smallest chunk a slow rail is given (see `Session::chunk_for`).
+const MIN_CHUNK: u64 = 64 << 10;
+
 /// Unacknowledged bytes that make an idle receiver acknowledge (see `Session::on_rx_idle`);
 /// windows are never smaller than four times this.
 const IDLE_ACK_MIN: u64 = 16 << 10;
@@ -666,12 +677,12 @@ impl Session {
     ) -> Session {
         assert!((1..=64).contains(&rails), "1 to 64 rails");
         let mut cfg = cfg;
-        // A window must hold two chunks, or a rail turns into stop-and-wait.
-        cfg.min_window = cfg
-            .min_window
-            .max(4 * IDLE_ACK_MIN)
+        cfg.min_window = cfg.min_window.max(2 * MIN_CHUNK);
+        // The first window holds two full chunks, or a rail turns into stop-and-wait.
+        cfg.initial_window = cfg
+            .initial_window
+            .max(cfg.min_window)
             .max(2 * cfg.chunk_size as u64);
-        cfg.initial_window = cfg.initial_window.max(cfg.min_window);
         cfg.max_window = cfg.max_window.max(cfg.min_window);
         Session {
             cfg,
@@ -862,11 +873,40 @@ impl Session {
 
     fn window(&self, rail: usize) -> u64 {
         let r = &self.rails[rail];
-        match r.rate.rate() {
+        // The kernel's view of the connection's delivery rate, when the driver reports it, is
+        // not distorted by braid's own stalls; acknowledgement timing is the fallback.
+        let rate = if r.capacity > 0.0 {
+            r.capacity
+        } else {
+            r.rate.rate()
+        };
+        match rate {
             x if x <= 0.0 => self.cfg.initial_window,
             rate => ((rate * self.cfg.target_delay.as_secs_f64()) as u64)
                 .clamp(self.cfg.min_window, self.cfg.max_window),
         }
+    }
+
+    /// Largest chunk for `rail`: half its window, so that two chunks are always in flight; a
+    /// slow rail takes small chunks instead of holding up an operation with a large one.
+    fn chunk_for(&self, rail: usize) -> u64 {
+        let max = self.cfg.chunk_size as u64;
+        (self.window(rail) / 2).clamp(MIN_CHUNK.min(max), max)
+    }
+
+    /// The delivery rate the transport measures for `rail` (bytes per second; e.g. Linux's
+    /// `tcpi_delivery_rate`), reported by the driver from time to time.
+    pub fn set_rail_capacity(&mut self, rail: usize, bytes_per_sec: f64) {
+        if bytes_per_sec <= 0.0 || !bytes_per_sec.is_finite() {
+            return;
+        }
+        let r = &mut self.rails[rail];
+        // Smoothed: single samples swing with token-bucket bursts and idle periods.
+        r.capacity = if r.capacity <= 0.0 {
+            bytes_per_sec
+        } else {
+            0.8 * r.capacity + 0.2 * bytes_per_sec
+        };
     }
 
     fn data_allowed(&self, rail: usize) -> bool {
@@ -900,10 +940,11 @@ impl Session {
         } else if (!self.tx_req.is_empty() || !self.tx_resp.is_empty()) && self.data_allowed(rail) {
             let resp_first = self.prefer_resp || self.tx_req.is_empty();
             self.prefer_resp = !self.prefer_resp;
+            let chunk = self.chunk_for(rail);
             if resp_first && !self.tx_resp.is_empty() {
-                self.next_response_chunk()
+                self.next_response_chunk(chunk)
             } else {
-                self.next_request_frame()
+                self.next_request_frame(chunk)
             }
         } else {
             return None;
@@ -916,9 +957,15 @@ impl Session {
             }
             hdr.crc = crc;
         }
+        let half_window = self.window(rail) / 2;
         let r = &mut self.rails[rail];
         r.last_tx = Some(now);
         let len = HEADER_LEN as u64 + hdr.payload_len as u64;
+        // Crossing half the window: ask for an acknowledgement, whatever the receiver's
+        // threshold, so a small window keeps moving.
+        if r.inflight() < half_window && r.inflight() + len >= half_window {
+            hdr.flags |= FLAG_ACK_REQ;
+        }
         r.tx_bytes += len;
         if let Some((orig_rail, orig_end)) = orig {
             hdr.flags |= FLAG_RETX | ((orig_rail as u16) << 8);
@@ -955,11 +1002,11 @@ impl Session {
         })
     }
 
-    fn next_request_frame(&mut self) -> Frame {
+    fn next_request_frame(&mut self, max_len: u64) -> Frame {
         let cur = self.tx_req.front_mut().expect("checked non-empty");
         let (seq, off) = (cur.seq, cur.next_off);
         let i = (seq - self.ops.front().expect("op of cursor").seq) as usize;
-        let (h, payload, keep, len) = self.request_frame(i, off);
+        let (h, payload, keep, len) = self.request_frame(i, off, max_len);
         let cur = self.tx_req.front_mut().expect("checked non-empty");
         cur.next_off += len;
         if !self.ops[i].opcode.is_chunk() || cur.next_off >= self.ops[i].total {
@@ -973,6 +1020,7 @@ impl Session {
         &self,
         i: usize,
         off: u64,
+        max_len: u64,
     ) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>, u64) {
         let op = &self.ops[i];
         let mut h = FrameHeader::new(op.opcode);
@@ -988,7 +1036,7 @@ impl Session {
         if !op.opcode.is_chunk() {
             return (h, Vec::new(), None, 0);
         }
-        let len = (op.total - off).min(self.cfg.chunk_size as u64);
+        let len = (op.total - off).min(max_len);
         h.arg0 = op.total;
         h.arg1 = off;
         h.payload_len = len as u32;
@@ -1008,7 +1056,7 @@ impl Session {
                     if self.ops[i].done.is_some() {
                         continue;
                     }
-                    let (h, payload, keep, l) = self.request_frame(i, *off);
+                    let (h, payload, keep, l) = self.request_frame(i, *off, *len);
                     debug_assert_eq!(l, *len);
                     (
                         h,
@@ -1069,9 +1117,9 @@ impl Session {
         None
     }
 
-    fn next_response_chunk(&mut self) -> Frame {
+    fn next_response_chunk(&mut self, max_len: u64) -> Frame {
         let cur = self.tx_resp.front_mut().expect("checked non-empty");
-        let len = (cur.total - cur.next_off).min(self.cfg.chunk_size as u64);
+        let len = (cur.total - cur.next_off).min(max_len);
         let (h, payload, keep) = response_frame(
             &cur.pin,
             &cur.copy,
@@ -1345,6 +1393,13 @@ impl Session {
         } else {
             self.rails[rail].stalled = false;
             self.consumed(rail, HEADER_LEN as u64);
+            if h.flags & FLAG_ACK_REQ != 0 {
+                if matches!(action, RxAction::Done) {
+                    self.ack_now(rail);
+                } else {
+                    self.rails[rail].ack_after_payload = true;
+                }
+            }
         }
         // A retransmission counts as received once it is consumed whole: not when it stalls,
         // and not if its rail dies in the middle of its payload.
@@ -1362,6 +1417,15 @@ impl Session {
             self.apply_staged();
         }
         Ok(action)
+    }
+
+    /// Queues a `RailAck` unless a control frame (which carries the acknowledgement too) is
+    /// already waiting.
+    fn ack_now(&mut self, rail: usize) {
+        let r = &mut self.rails[rail];
+        if r.rx_bytes > r.rx_advertised && r.ctrl.is_empty() {
+            r.ctrl.push_back(FrameHeader::new(Opcode::RailAck));
+        }
     }
 
     fn consumed(&mut self, rail: usize, n: u64) {
@@ -1721,6 +1785,18 @@ impl Session {
         let Some(p) = self.rails[rail].rx_pending.take() else {
             return Ok(());
         };
+        if std::mem::take(&mut self.rails[rail].ack_after_payload) {
+            let len = match &p {
+                RxPending::Request { len }
+                | RxPending::ReadResponse { len, .. }
+                | RxPending::Dropped { len } => *len as u64,
+                RxPending::Staged(st) => st.data.len as u64,
+            };
+            // Count the payload first, so that the acknowledgement covers it.
+            self.rails[rail].rx_bytes += len;
+            self.ack_now(rail);
+            self.rails[rail].rx_bytes -= len;
+        }
         if let Some(key) = self.rails[rail].rx_retx.take() {
             self.retx_seen.insert(key);
             // Another copy of it may be waiting (see on_frame): it is now a duplicate.

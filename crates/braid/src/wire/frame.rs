@@ -93,8 +93,10 @@ pub const FLAG_IMM: u16 = 1 << 0;
 pub const FLAG_RETX: u16 = 1 << 1;
 /// Bits of the flags naming the original rail of a retransmission.
 pub const RETX_RAIL_MASK: u16 = 0x3f << 8;
+/// Header flag: the sender's window on this rail is half full; acknowledge this frame soon.
+pub const FLAG_ACK_REQ: u16 = 1 << 2;
 /// All flags this version defines; any other bit set is malformed.
-pub const KNOWN_FLAGS: u16 = FLAG_IMM | FLAG_RETX | RETX_RAIL_MASK;
+pub const KNOWN_FLAGS: u16 = FLAG_IMM | FLAG_RETX | FLAG_ACK_REQ | RETX_RAIL_MASK;
 
 /// A decoded, validated frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
