@@ -1912,6 +1912,68 @@ fn retransmitted_read_response_ignores_later_write() {
     }
 }
 
+/// After a failover, a write-with-immediate that arrived ahead of its turn is staged; when its
+/// turn comes and no receive is posted it waits, and `post_recv` itself executes it: the
+/// receive's completion (and the initiator's `Done`) come out of that call, so the driver must
+/// collect completions and transmit after posting a receive, not only after network events.
+#[test]
+fn staged_imm_write_completes_on_post_recv() {
+    let mut sim = Sim::new(
+        9,
+        3,
+        SessionConfig {
+            chunk_size: 64 << 10,
+            ..SessionConfig::default()
+        },
+    );
+    sim.opts.short_reads = false;
+    // Rail 2 is lost before anything is sent: both sides are recovering (staging).
+    sim.lose_rail(A, 2);
+    sim.lose_rail(B, 2);
+    let target = sim.sides[B].alloc(20_000, Access::all());
+    let rkey = target.remote_key().key;
+    let src = sim.sides[A].alloc(20_000, Access::NONE);
+    let data = sim.rng.bytes(20_000);
+    src.write_at(0, &data).unwrap();
+    sim.sides[A]
+        .session
+        .post(0, write(vec![src.slice(0, 10_000).unwrap()], rkey, 0))
+        .unwrap();
+    let imm_write = Request::Write {
+        local: vec![src.slice(10_000, 100).unwrap()],
+        rkey,
+        addr: 10_000,
+        imm: Some(77),
+    };
+    sim.sides[A].session.post(1, imm_write).unwrap();
+    // Rail 0 carries A's RailDown and write 0, rail 1 the write with immediate.
+    assert!(sim.tx_one(A, 0) && sim.tx_one(A, 0) && sim.tx_one(A, 1));
+    // B reads the write with immediate first: ahead of its turn, it is staged.
+    while sim.rx_one(B, 1) {}
+    assert!(!sim.sides[B].is_stalled(1));
+    // Write 0 completes; the staged one is due but has no receive.
+    while sim.rx_one(B, 0) {}
+    assert!(sim.sides[B].completions.is_empty());
+    let recv = sim.sides[B].alloc(100, Access::LOCAL_WRITE);
+    sim.post_recv(B, 5, vec![recv.as_sge()]).unwrap();
+    // The receive completed inside post_recv.
+    let c = &sim.sides[B].completions;
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(
+        (c[0].wr_id, c[0].kind, c[0].status, c[0].imm),
+        (5, CompletionKind::RecvWriteImm, Status::Success, Some(77))
+    );
+    assert!((0..2).any(|r| sim.sides[B].session.wants_transmit(r)));
+    run_until_initiated(&mut sim, A, 2, 100_000);
+    sim.assert_no_errors();
+    assert!(
+        initiated(&sim.sides[A].completions)
+            .iter()
+            .all(|c| c.status.is_ok())
+    );
+    assert!(target.to_vec(0, 10_100).unwrap() == data[..10_100]);
+}
+
 // ---------------------------------------------------------------------------------------
 // 8. Many seeds: mixed random operations in both directions, checked against a model
 
@@ -2375,9 +2437,21 @@ fn mixed_case(seed: u64) {
             });
             assert!(
                 can_more && idle < 20_000,
-                "{}\n{}",
+                "{}\n{}{}",
                 ctx("deadlock"),
-                sim.describe()
+                sim.describe(),
+                parties
+                    .iter()
+                    .enumerate()
+                    .map(|(s, p)| format!(
+                        "model {s}: ops left {}, pending {:?}, incoming {}, receives posted {} done {}\n",
+                        p.ops_left,
+                        p.pending.iter().map(|e| (e.wr, e.kind)).collect::<Vec<_>>(),
+                        p.incoming.len(),
+                        p.recvs_posted,
+                        p.recvs_done
+                    ))
+                    .collect::<String>()
             );
         }
     }

@@ -527,7 +527,8 @@ impl Sim {
         &mut self.sides[s]
     }
 
-    /// Posts a receive on side `s`, then collects the rails it released (as the driver must).
+    /// Posts a receive on side `s`, then collects the rails it released and the completions
+    /// it produced (as the driver must).
     pub fn post_recv(
         &mut self,
         s: usize,
@@ -537,6 +538,8 @@ impl Sim {
         let r = self.sides[s].session.post_recv(wr_id, local);
         self.process_dead(s);
         self.collect_retry(s);
+        // A staged send or write-with-immediate waiting for this receive may have completed.
+        self.drain_side(s);
         r
     }
 
@@ -548,6 +551,17 @@ impl Sim {
                 && let Rx::Stalled { retry, .. } = rx
             {
                 *retry = true;
+            }
+        }
+    }
+
+    /// Drains the completions of side `s` (tracing them).
+    fn drain_side(&mut self, s: usize) {
+        let before = self.sides[s].completions.len();
+        self.sides[s].drain();
+        if self.trace {
+            for c in &self.sides[s].completions[before..] {
+                eprintln!("[{:?}] side {s} completion {c:?}", self.now);
             }
         }
     }
@@ -614,7 +628,7 @@ impl Sim {
         self.sides[s].rx[rail] = Rx::Dead;
         self.process_dead(s);
         self.collect_retry(s);
-        self.sides[s].drain();
+        self.drain_side(s);
     }
 
     /// Like [`Sim::lose_rail`], but everything `s` wrote on the rail still reaches the peer
@@ -803,7 +817,7 @@ impl Sim {
                 self.sides[s].errors.push((rail, e));
                 self.sides[s].rx[rail] = Rx::Dead;
                 self.collect_retry(s);
-                self.sides[s].drain();
+                self.drain_side(s);
                 return;
             }
             Ok(RxAction::Done) => {
@@ -860,7 +874,7 @@ impl Sim {
                 self.sides[s].errors.push((rail, e));
                 self.sides[s].rx[rail] = Rx::Dead;
                 self.collect_retry(s);
-                self.sides[s].drain();
+                self.drain_side(s);
             }
         }
     }
@@ -881,7 +895,7 @@ impl Sim {
         }
         self.process_dead(s);
         self.collect_retry(s);
-        self.sides[s].drain();
+        self.drain_side(s);
         if let Some(obs) = self.observe.as_mut() {
             obs(&ev, &self.sides);
         }
