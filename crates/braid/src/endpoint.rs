@@ -341,17 +341,20 @@ impl Endpoint {
     /// `LOCAL_WRITE`.
     pub fn post_recv(&self, wr_id: u64, local: &[Sge]) -> Result<(), Error> {
         self.shared.recv_cq.reserve()?;
-        let retry = {
+        let kick = {
             let mut s = self.shared.session.lock();
             if let Err(e) = s.post_recv(wr_id, local.to_vec()) {
                 drop(s);
                 self.shared.recv_cq.unreserve();
                 return Err(post_error(&self.shared, e));
             }
-            s.rx_retry_pending()
+            // A send that waited (staged after a failover) may have completed into this
+            // receive just now: its completion is delivered here, its Done sent by the engine.
+            self.shared.deliver(&mut s);
+            s.rx_retry_pending() || (0..self.shared.rails.len()).any(|r| s.wants_transmit(r))
         };
-        if retry {
-            // A rail was stalled waiting for a receive: let the engine resume it.
+        if kick {
+            // A rail was stalled waiting for a receive, or frames wait: the engine resumes.
             self.engine.send(Command::Kick(self.shared.id));
         }
         Ok(())

@@ -191,6 +191,20 @@ fn silent_peer_is_detected_within_the_configured_timeout() {
     let pid = child.0.id() as i32;
     // SAFETY: signalling a child process this test started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // kill() returns before every thread of the child has stopped: wait (bounded) until
+    // the kernel reports the process stopped, so that nothing more is served.
+    let deadline = Instant::now() + WAIT;
+    while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|st| {
+            st.rsplit(") ")
+                .next()
+                .is_some_and(|rest| rest.starts_with('T'))
+        })
+        .unwrap_or(false)
+    {
+        assert!(Instant::now() < deadline, "the child did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let stopped_at = Instant::now();
     for i in 0..8 {
         ep.write(10 + i, &[src.as_sge()], &key, 0).unwrap();
