@@ -299,6 +299,8 @@ pub(crate) struct RxCore {
     bulk: bool,
     /// The last read came back short: the socket was empty, no need to ask again now.
     drained: bool,
+    /// When the session last heard that payload bytes are arriving ([`clock_ns`]).
+    progress_noted: u64,
 }
 
 impl RxCore {
@@ -310,6 +312,7 @@ impl RxCore {
             state: RxState::Header,
             bulk: false,
             drained: false,
+            progress_noted: 0,
         }
     }
 }
@@ -411,10 +414,16 @@ impl RxRail<'_> {
                         Ok(n) => {
                             // A short read means the socket is empty for now.
                             self.c.drained = true;
-                            self.ep
-                                .session
-                                .lock()
-                                .on_rx_progress(self.rail, Instant::now());
+                            // The rail is alive; telling the session costs a lock, so at most
+                            // every 10 ms (its silence timeout is seconds).
+                            let now = clock_ns();
+                            if now - self.c.progress_noted > 10_000_000 {
+                                self.c.progress_noted = now;
+                                self.ep
+                                    .session
+                                    .lock()
+                                    .on_rx_progress(self.rail, Instant::now());
+                            }
                             self.c.state = RxState::Payload {
                                 place,
                                 len,
