@@ -170,7 +170,7 @@ impl CompletionQueue {
     /// loop sees a completion without waiting for the progress engine's thread. While a
     /// thread keeps polling, the engine leaves those reads to it; it takes them back within
     /// a millisecond of the last poll (at once when the thread sleeps in
-    /// [`CompletionQueue::wait`] or awaits [`CompletionQueue::next`]).
+    /// [`CompletionQueue::wait`]). [`CompletionQueue::next`] leaves progress to the engine.
     pub fn poll(&self) -> Option<Completion> {
         if self.is_empty() {
             self.drive();
@@ -244,27 +244,14 @@ impl Future for NextCompletion<'_> {
     type Output = Completion;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Completion> {
-        if self.cq.is_empty() {
-            self.cq.drive();
-        }
+        // No inline progress here: an awaiting task is woken by the engine thread, which
+        // keeps reading for it (driving here would hand reads back and forth each time).
         let mut st = self.cq.inner.state.lock();
         if let Some(c) = self.cq.pop_locked(&mut st) {
             return Poll::Ready(c);
         }
         if !st.wakers.iter().any(|w| w.will_wake(cx.waker())) {
             st.wakers.push(cx.waker().clone());
-        }
-        drop(st);
-        // The task sleeps until woken: reads go back to the engine thread.
-        for d in self
-            .cq
-            .inner
-            .drivers
-            .lock()
-            .iter()
-            .filter_map(Weak::upgrade)
-        {
-            d.release();
         }
         Poll::Pending
     }
