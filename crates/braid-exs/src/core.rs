@@ -76,6 +76,25 @@ pub(crate) struct Op {
     pub(crate) sync: Option<Arc<SyncSlot>>,
     pub(crate) owner: Option<Box<dyn Any + Send>>,
     pub(crate) regs: Vec<u32>,
+    /// Plain-mode send batching: sends of the same socket that ride along with this one in
+    /// one `sendmsg`, in order. While it is non-empty, `iov` holds this op's remaining
+    /// buffers followed by all of theirs; each follower keeps its own (untouched) `iov`.
+    pub batch: VecDeque<Box<Op>>,
+}
+
+/// Most sends one batch carries, and most bytes: enough to amortise the per-operation
+/// hand-off, small enough to keep the completion of the first op prompt.
+const BATCH_OPS: usize = 16;
+const BATCH_BYTES: usize = 1 << 20;
+/// `sendmsg` refuses more than `UIO_MAXIOV` buffers.
+const BATCH_IOVS: usize = 1024;
+
+impl Op {
+    /// Append `f` to this op's batch: its buffers go after everything this op still sends.
+    pub(crate) fn ride(&mut self, f: Box<Op>) {
+        self.iov.extend_from_slice(&f.iov);
+        self.batch.push_back(f);
+    }
 }
 
 // SAFETY: the raw pointers in an Op refer to memory the application handed to the library
@@ -85,11 +104,18 @@ unsafe impl Send for Op {}
 /// A transport that moves the bytes of operations. The plain-socket io_uring backend is
 /// [`UringBackend`]; braid mode (a socket riding a braid endpoint) will be a second one.
 pub(crate) trait Backend: Send + Sync + 'static {
-    /// Start an operation. The front guarantees at most one `Send` and one `Recv` in flight
-    /// per socket, so a backend may resubmit a short transfer's remainder before anything else.
+    /// Start an operation. The front guarantees at most one `Send` (or one batch of them, see
+    /// [`Backend::batchable`]) and one `Recv` in flight per socket, so a backend may resubmit
+    /// a short transfer's remainder before anything else.
     /// The backend must eventually hand the op back through [`complete`], exactly once, and
     /// never from inside `start` (the caller holds the front's lock).
     fn start(&self, op: Box<Op>);
+    /// May `op` (a send queued behind another) share one submission with its neighbours?
+    /// A backend that says yes must handle [`Op::batch`] and finish the batch's ops in
+    /// order, calling [`complete_held`] for all but the last.
+    fn batchable(&self, _op: &Op) -> bool {
+        false
+    }
     /// Memory was registered: return a cookie for [`Op::fixed`] if the backend can use it
     /// (e.g. an io_uring fixed-buffer slot). `Err(errno)` refuses the registration.
     fn register(&self, addr: *mut u8, len: usize) -> Result<Option<u32>, Errno>;
@@ -627,6 +653,7 @@ impl Global {
             sync: slot.clone(),
             owner: owner.take(),
             regs: regs.iter().map(|&h| h as u32).collect(),
+            batch: VecDeque::new(),
         });
         let (_, sock) = core
             .socks
@@ -742,6 +769,7 @@ impl Global {
             sync: None,
             owner: None,
             regs: Vec::new(),
+            batch: VecDeque::new(),
         });
         core.socks
             .entry(fd)
@@ -791,7 +819,40 @@ fn probe_stream_socket(fd: RawFd) -> Result<(), Errno> {
 /// Called by a backend when an operation finished: `Ok(n)` (bytes, new fd, revents) or
 /// `Err(errno)`. Releases the socket's ordering slot, starts the next operation of that
 /// socket and direction, and posts the event.
-pub(crate) fn complete(mut op: Box<Op>, res: Result<usize, Errno>) {
+pub(crate) fn complete(op: Box<Op>, res: Result<usize, Errno>) {
+    finish(op, res, true)
+}
+
+/// Like [`complete`] for a batched send that is not the batch's last op: posts the event
+/// but keeps the socket's send slot, which the rest of the batch still holds.
+pub(crate) fn complete_held(op: Box<Op>, res: Result<usize, Errno>) {
+    finish(op, res, false)
+}
+
+/// Let `lead` carry the sends queued behind it that the backend can batch (same flags,
+/// within the batch limits), so they go to the kernel in one submission.
+fn gather_sends(backend: &dyn Backend, lead: &mut Op, fifo: &mut VecDeque<Box<Op>>) {
+    if !backend.batchable(lead) {
+        return;
+    }
+    let (mut bytes, mut iovs) = (lead.total, lead.iov.len());
+    while let Some(f) = fifo.front() {
+        if lead.batch.len() + 1 >= BATCH_OPS
+            || f.msg_flags != lead.msg_flags
+            || bytes + f.total > BATCH_BYTES
+            || iovs + f.iov.len() > BATCH_IOVS
+            || !backend.batchable(f)
+        {
+            break;
+        }
+        bytes += f.total;
+        iovs += f.iov.len();
+        let f = fifo.pop_front().expect("front exists");
+        lead.ride(f);
+    }
+}
+
+fn finish(mut op: Box<Op>, res: Result<usize, Errno>, release: bool) {
     let Ok(g) = global() else { return };
     {
         let mut core = g.core.lock();
@@ -807,9 +868,13 @@ pub(crate) fn complete(mut op: Box<Op>, res: Result<usize, Errno>) {
             mode = *m;
             sock.outstanding -= 1;
             match op.kind {
+                _ if !release => {}
                 OpKind::Send => {
                     next = sock.send_fifo.pop_front();
                     sock.send_busy = next.is_some();
+                    if let Some(n) = next.as_mut() {
+                        gather_sends(g.backend(mode), n, &mut sock.send_fifo);
+                    }
                 }
                 OpKind::Recv => {
                     next = sock.recv_fifo.pop_front();

@@ -187,7 +187,8 @@ impl UringBackend {
                     core::complete(op, Ok(n));
                     return;
                 }
-                OpKind::Send if op.iov.len() == 1 => {
+                // A batch always goes as one sendmsg (below).
+                OpKind::Send if op.iov.len() == 1 && op.batch.is_empty() => {
                     let len = op.iov[0].iov_len.min(MAX_CHUNK) as u32;
                     let base = op.iov[0].iov_base as *const u8;
                     let zc = self.zc_min();
@@ -274,11 +275,14 @@ impl UringBackend {
                     return self.issue(op);
                 }
                 if res < 0 {
-                    return core::complete(op, Err(-res));
+                    return self.fail(op, -res);
                 }
                 let n = res as usize;
-                op.done += n;
                 advance(&mut op.iov, n);
+                if !op.batch.is_empty() {
+                    return self.batch_progress(op, n);
+                }
+                op.done += n;
                 let finished =
                     op.done >= op.total || (op.kind == OpKind::Recv && (n == 0 || !op.waitall));
                 if finished {
@@ -298,6 +302,58 @@ impl UringBackend {
                 }
             }
         }
+    }
+
+    /// A batched send moved `n` more bytes (already taken off `op.iov`): credit them to the
+    /// batch's ops in order, complete every op whose bytes are all sent (the last one
+    /// releases the socket's send slot), and resubmit the remainder before anything else.
+    fn batch_progress(&self, mut op: Box<Op>, mut n: usize) {
+        if n == 0 {
+            // The stream refuses bytes: the same as an unbatched send.
+            return self.fail(op, libc::EPIPE);
+        }
+        loop {
+            let take = n.min(op.total - op.done);
+            op.done += take;
+            n -= take;
+            if op.done < op.total {
+                break;
+            }
+            let done = op.done;
+            let Some(mut next) = op.batch.pop_front() else {
+                return core::complete(op, Ok(done));
+            };
+            // The remaining buffers (all of them the followers') and the rest of the batch
+            // move to the next op, which now leads.
+            next.iov = std::mem::take(&mut op.iov);
+            next.batch = std::mem::take(&mut op.batch);
+            core::complete_held(op, Ok(done));
+            op = next;
+        }
+        debug_assert_eq!(n, 0);
+        self.issue(op);
+    }
+
+    /// A send or receive failed. In a batch only the leading op (the one the error hit, as
+    /// without batching) fails; the ops behind it are resubmitted as a new batch, so each
+    /// meets the socket's state on its own, exactly as if they had been queued one by one.
+    fn fail(&self, mut op: Box<Op>, err: Errno) {
+        let mut rest = std::mem::take(&mut op.batch);
+        let Some(mut lead) = rest.pop_front() else {
+            return core::complete(op, Err(err));
+        };
+        core::complete_held(op, Err(err));
+        // Followers behind the leader have sent nothing yet: their own `iov` is intact.
+        for f in rest {
+            lead.ride(f);
+        }
+        self.issue(lead);
+    }
+
+    /// Would `op` go zero-copy from its fixed buffer (see `issue`)?
+    fn zc_eligible(&self, op: &Op) -> bool {
+        let zc = self.zc_min();
+        op.fixed.is_some() && zc != 0 && op.total >= zc
     }
 }
 
@@ -332,6 +388,19 @@ impl Backend for UringBackend {
             // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
             let _ = unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
         }
+    }
+
+    /// Plain stream sends join a batch (one `sendmsg` over all their buffers) unless they
+    /// would go zero-copy from a fixed buffer, carry urgent data (`MSG_OOB` marks only the
+    /// last byte of a call), are empty, or are waiting for readiness.
+    fn batchable(&self, op: &Op) -> bool {
+        op.kind == OpKind::Send
+            && op.total > 0
+            && !op.polling
+            && op.done == 0
+            && op.batch.is_empty()
+            && op.msg_flags & libc::MSG_OOB == 0
+            && !self.zc_eligible(op)
     }
 
     fn register(&self, addr: *mut u8, len: usize) -> Result<Option<u32>, Errno> {
