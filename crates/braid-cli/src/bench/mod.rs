@@ -166,8 +166,9 @@ pub struct ClientArgs {
 
 /// The striping window of each rail (`SessionConfig`): a rail takes the next chunk while its
 /// unacknowledged bytes are below `clamp(rate x target_delay, min_window, max_window)`, or
-/// `initial_window` while its rate is unknown. Unset: braid's defaults. The session raises
-/// `min_window` to at least two chunks.
+/// `initial_window` while its rate is unknown; its chunks are at most a quarter of that
+/// window. Unset: braid's defaults. The session raises `min_window` to at least 128 KiB and
+/// `initial_window` to at least two chunks.
 #[derive(Args, Debug, Clone, Default)]
 pub struct WindowArgs {
     /// SessionConfig.initial_window (bytes, K/M suffixes).
