@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -81,6 +82,14 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* CPU seconds of the whole process (application, exs-braid and braid engine threads). */
+static double cpu_s(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
 static int recv_side(const char *portfile, uint64_t total, const char *ip) {
     if (exs_init(EXS_VERSION) < 0) die("exs_init");
     int l = socket(AF_INET, SOCK_STREAM, 0);
@@ -107,6 +116,7 @@ static int recv_side(const char *portfile, uint64_t total, const char *ip) {
     /* Braid mode: listen on the rail addresses of EXS_BRAID_LISTEN. */
     if (exs_braid_attach(s, NULL, EXS_BRAID_ACCEPT) < 0) die("exs_braid_attach");
 
+    double c0 = cpu_s();
     const int RECV_INFLIGHT = depth();
     exs_qhandle_t q = exs_qcreate(RECV_INFLIGHT);
     uint8_t *mem = malloc((size_t)CHUNK * RECV_INFLIGHT);
@@ -146,6 +156,7 @@ static int recv_side(const char *portfile, uint64_t total, const char *ip) {
             }
         }
     }
+    double cpu = cpu_s() - c0;
     exs_mderegister(mh);
     exs_qdelete(q);
     free(mem);
@@ -158,10 +169,11 @@ static int recv_side(const char *portfile, uint64_t total, const char *ip) {
         return 1;
     }
     if (check)
-        printf("recv (braid mode): %llu bytes, fnv1a %016llx ok\n", (unsigned long long)got,
-               (unsigned long long)h);
+        printf("recv (braid mode): %llu bytes, fnv1a %016llx ok, %.3f CPU s/GB\n",
+               (unsigned long long)got, (unsigned long long)h, got ? cpu / ((double)got / 1e9) : 0.0);
     else
-        printf("recv (braid mode): %llu bytes ok (not verified)\n", (unsigned long long)got);
+        printf("recv (braid mode): %llu bytes ok (not verified), %.3f CPU s/GB\n",
+               (unsigned long long)got, got ? cpu / ((double)got / 1e9) : 0.0);
     return 0;
 }
 
@@ -191,7 +203,7 @@ static int send_side(const char *ip, int port, uint64_t total) {
     uint64_t off = 0, done = 0;
     long eagain = 0;
     int check = verify();
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     while (done < total) {
         if (off < total && nfree > 0) {
             int slot = free_slots[nfree - 1];
@@ -226,9 +238,10 @@ static int send_side(const char *ip, int port, uint64_t total) {
             free_slots[nfree++] = (int)(intptr_t)ev[i].ev_ahandle;
         }
     }
-    double secs = now_s() - t0;
-    printf("send (braid mode): %llu bytes sent, %ld EAGAIN retries, %.1f MB/s\n",
-           (unsigned long long)done, eagain, secs > 0 ? (double)done / secs / 1e6 : 0.0);
+    double secs = now_s() - t0, cpu = cpu_s() - c0;
+    printf("send (braid mode): %llu bytes sent, %ld EAGAIN retries, %.1f MB/s, %.3f CPU s/GB\n",
+           (unsigned long long)done, eagain, secs > 0 ? (double)done / secs / 1e6 : 0.0,
+           done ? cpu / ((double)done / 1e9) : 0.0);
     exs_mderegister(mh);
     exs_qdelete(q);
     free(mem);
