@@ -168,7 +168,7 @@ pub struct ClientArgs {
 /// unacknowledged bytes are below `clamp(rate x target_delay, min_window, max_window)`, or
 /// `initial_window` while its rate is unknown; its chunks are at most a quarter of that
 /// window. Unset: braid's defaults. The session raises `min_window` to at least 128 KiB and
-/// `initial_window` to at least two chunks.
+/// `initial_window` to at least `min_window`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct WindowArgs {
     /// SessionConfig.initial_window (bytes, K/M suffixes).
@@ -183,6 +183,10 @@ pub struct WindowArgs {
     /// SessionConfig.target_delay in milliseconds.
     #[arg(long)]
     pub target_delay_ms: Option<f64>,
+    /// SessionConfig.relaxed_placement: writes to disjoint ranges may be placed ahead of
+    /// their turn (the initiator's setting; every braid target accepts it).
+    #[arg(long)]
+    pub relaxed: bool,
 }
 
 impl WindowArgs {
@@ -212,6 +216,9 @@ impl WindowArgs {
                 bail!("--target-delay-ms must be between 0 and 10000");
             }
             cfg.target_delay = Duration::from_secs_f64(ms / 1000.0);
+        }
+        if self.relaxed {
+            cfg.relaxed_placement = true;
         }
         Ok(())
     }

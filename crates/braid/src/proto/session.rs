@@ -41,7 +41,7 @@ use crate::error::{Completion, CompletionKind, Status};
 use crate::mem::region::{Access, RegionPin, Sge, sgl_len};
 use crate::mem::registry::Registry;
 use crate::proto::rate::RateEstimator;
-use crate::wire::frame::{FLAG_ACK_REQ, FLAG_IMM, FLAG_RETX, HEADER_LEN};
+use crate::wire::frame::{FLAG_ACK_REQ, FLAG_EARLY, FLAG_IMM, FLAG_RETX, HEADER_LEN};
 use crate::wire::{FrameHeader, Opcode, WireStatus};
 
 /// Tunables of a session.
@@ -54,7 +54,10 @@ pub struct SessionConfig {
     pub max_outstanding: usize,
     /// Most receives posted and not yet consumed.
     pub max_recv: usize,
-    /// Window of a rail whose rate is not known yet.
+    /// Window of a rail whose rate is not known yet (default 1 MiB; at least `min_window`).
+    /// A larger first burst overflowed a shaped link's queue: 2 MiB on a 250 Mbit/s rail lost
+    /// packets at start and stalled that rail (and the writes waiting for it) for a 200 ms
+    /// TCP retransmission timeout.
     pub initial_window: u64,
     /// Smallest window of a rail (default 1 MiB: above rate x delay up to ~2 Gbit/s, and
     /// more than a shaped 1 Gbit/s link queues). A rail's chunks are at most a quarter of its
@@ -79,6 +82,15 @@ pub struct SessionConfig {
     /// A rail that has received nothing for this long (while not stalled by braid itself)
     /// is declared dead: the peer crashed, hangs, or the link is gone.
     pub peer_timeout: Duration,
+    /// Relaxed placement (like verbs' `IBV_ACCESS_RELAXED_ORDERING`; default off). A write
+    /// whose target range no earlier outstanding operation of this side touches (every
+    /// earlier one is a write to the same key at a disjoint range) may be placed by the
+    /// target as soon as its chunks arrive, ahead of the requests before it. Completions,
+    /// reads, atomics and sends keep their order, and whatever is observed through them is
+    /// unchanged; only a target that polls memory for a flag written after data may see the
+    /// flag first. Lets rails of different speeds run at their own rates, where strict
+    /// placement ties every rail to the slowest (it stalls them behind its chunk).
+    pub relaxed_placement: bool,
 }
 
 impl Default for SessionConfig {
@@ -87,7 +99,7 @@ impl Default for SessionConfig {
             chunk_size: 1 << 20,
             max_outstanding: 1024,
             max_recv: 1024,
-            initial_window: 2 << 20,
+            initial_window: 1 << 20,
             min_window: 1 << 20,
             max_window: 32 << 20,
             target_delay: Duration::from_millis(4),
@@ -96,6 +108,7 @@ impl Default for SessionConfig {
             max_staged: 256 << 20,
             keepalive_interval: Duration::from_millis(250),
             peer_timeout: Duration::from_secs(3),
+            relaxed_placement: false,
         }
     }
 }
@@ -257,6 +270,8 @@ struct OutOp {
     /// Read: response bytes placed so far.
     received: u64,
     done: Option<(Status, Option<u64>)>,
+    /// A write the target may place ahead of its turn (see `SessionConfig::relaxed_placement`).
+    early: bool,
 }
 
 impl OutOp {
@@ -346,6 +361,20 @@ struct Staged {
     data: Arc<StagingBuf>,
 }
 
+/// A write of the peer placed (in part) ahead of its turn: what its first early chunk
+/// established, so that the chunks agree and its execution uses the same access check.
+struct EarlyOp {
+    rkey: u64,
+    addr: u64,
+    total: u64,
+    imm: Option<u32>,
+    status: WireStatus,
+    /// The destination; `None` when the access check failed (payload is discarded).
+    pin: Option<RegionPin>,
+    /// Payload bytes placed completely.
+    received: u64,
+}
+
 /// The peer's request currently being executed here (always request number `frontier`).
 struct TargetOp {
     seq: u64,
@@ -380,6 +409,11 @@ enum RxPending {
     Staged(Staged),
     /// Payload of a frame that is dropped (a duplicate).
     Dropped {
+        len: u32,
+    },
+    /// Payload of a write placed ahead of its turn (relaxed placement).
+    Early {
+        seq: u64,
         len: u32,
     },
 }
@@ -578,12 +612,21 @@ pub struct Session {
     /// A rail has been lost: requests ahead of their turn are staged instead of stalling.
     recovering: bool,
     staged: BTreeMap<u64, VecDeque<Staged>>,
+    /// Writes placed (in part) ahead of their turn, by sequence number.
+    early: BTreeMap<u64, EarlyOp>,
+    /// Chunks placed ahead of their turn so far (statistics).
+    early_chunks: u64,
     staged_bytes: u64,
     /// Retransmissions already applied, by original (rail, end).
     retx_seen: HashSet<(usize, u64)>,
     /// Rails that died and whose sockets the driver must close (a bit per rail).
     dead_pending: u64,
 }
+
+/// Most writes placed ahead of their turn at once, and how far ahead of the next request to
+/// execute; beyond either the rail stalls as under strict placement.
+const EARLY_MAX_OPS: usize = 1024;
+const EARLY_MAX_AHEAD: u64 = 1 << 16;
 
 /// Smallest chunk a slow rail is given (see `Session::chunk_for`).
 const MIN_CHUNK: u64 = 64 << 10;
@@ -679,11 +722,8 @@ impl Session {
         assert!((1..=64).contains(&rails), "1 to 64 rails");
         let mut cfg = cfg;
         cfg.min_window = cfg.min_window.max(2 * MIN_CHUNK);
-        // The first window holds two full chunks, or a rail turns into stop-and-wait.
-        cfg.initial_window = cfg
-            .initial_window
-            .max(cfg.min_window)
-            .max(2 * cfg.chunk_size as u64);
+        // Chunks are a quarter of the window (see `chunk_for`), so any window holds several.
+        cfg.initial_window = cfg.initial_window.max(cfg.min_window);
         cfg.max_window = cfg.max_window.max(cfg.min_window);
         Session {
             cfg,
@@ -707,6 +747,8 @@ impl Session {
             retx: VecDeque::new(),
             recovering: false,
             staged: BTreeMap::new(),
+            early: BTreeMap::new(),
+            early_chunks: 0,
             staged_bytes: 0,
             retx_seen: HashSet::new(),
             dead_pending: 0,
@@ -738,7 +780,13 @@ impl Session {
         self.rails.iter().map(|r| r.data_sent).collect()
     }
 
-    /// The delivery rate observed on each rail, in bytes per second (0 when unknown).
+    /// How many of the peer's write chunks were placed ahead of their turn (relaxed
+    /// placement, see [`SessionConfig::relaxed_placement`]).
+    pub fn early_chunks(&self) -> u64 {
+        self.early_chunks
+    }
+
+    /// The delivery rate observed on each rail, in bytes per second (0 while unknown).
     pub fn rail_rates(&self) -> Vec<f64> {
         self.rails.iter().map(|r| r.rate.rate()).collect()
     }
@@ -771,6 +819,7 @@ impl Session {
             total: 0,
             received: 0,
             done: None,
+            early: false,
         };
         match req {
             Request::Write {
@@ -831,6 +880,17 @@ impl Session {
         if op.addr.checked_add(op.total).is_none() {
             return Err(PostError::Invalid("remote range overflows".into()));
         }
+        if self.cfg.relaxed_placement && op.opcode == Opcode::Write && op.total > 0 {
+            let (start, end) = (op.addr, op.addr + op.total);
+            // Completed operations have executed at the target; every other earlier one must
+            // commute with this write.
+            op.early = self.ops.iter().all(|o| {
+                o.done.is_some()
+                    || (o.opcode == Opcode::Write
+                        && o.rkey == op.rkey
+                        && (o.addr + o.total <= start || end <= o.addr))
+            });
+        }
         self.next_seq += 1;
         self.ops.push_back(op);
         self.tx_req.push_back(ReqCursor { seq, next_off: 0 });
@@ -862,7 +922,7 @@ impl Session {
         });
         // A rail, or a staged send, may be waiting for a receive.
         self.retry_stalled();
-        self.apply_staged();
+        self.run_due();
         Ok(())
     }
 
@@ -1041,6 +1101,9 @@ impl Session {
             return (h, Vec::new(), None, 0);
         }
         let len = (op.total - off).min(max_len);
+        if op.early {
+            h.flags |= FLAG_EARLY;
+        }
         h.arg0 = op.total;
         h.arg1 = off;
         h.payload_len = len as u32;
@@ -1168,7 +1231,7 @@ impl Session {
         if self.frame_written(seq) {
             // A request (maybe a staged one) may have waited for this frame.
             self.retry_stalled();
-            self.apply_staged();
+            self.run_due();
         }
     }
 
@@ -1418,7 +1481,7 @@ impl Session {
         }
         // A request without payload may have advanced the frontier to staged ones.
         if matches!(action, RxAction::Done) {
-            self.apply_staged();
+            self.run_due();
         }
         Ok(action)
     }
@@ -1463,7 +1526,18 @@ impl Session {
                 self.rails[rail].rx_pending = Some(RxPending::Staged(Staged { h: *h, data }));
                 return Ok(RxAction::Place(Placement { iov }));
             }
+            if !self.recovering
+                && h.flags & FLAG_EARLY != 0
+                && h.opcode == Opcode::Write
+                && h.payload_len > 0
+            {
+                return self.place_early(rail, h);
+            }
             return Ok(RxAction::Stall);
+        }
+        if h.opcode != Opcode::Write && self.early.contains_key(&h.seq) {
+            // Chunks of a write arrived early under this number.
+            return Err(ProtocolError::InconsistentChunk { seq: h.seq });
         }
         let imm = (h.flags & FLAG_IMM != 0).then_some(h.aux);
         match h.opcode {
@@ -1534,6 +1608,14 @@ impl Session {
             _ => {}
         }
         // Write or Send chunk.
+        if self.cur.is_none()
+            && let Some(e) = self.early.get(&h.seq)
+        {
+            if e.imm.is_some() && self.recvs.is_empty() {
+                return Ok(RxAction::Stall);
+            }
+            self.start_early(h.seq);
+        }
         if self.cur.is_none() {
             let needs_recv = h.opcode == Opcode::Send || imm.is_some();
             if needs_recv && self.recvs.is_empty() {
@@ -1587,6 +1669,7 @@ impl Session {
             .iter()
             .filter_map(|r| match r.rx_pending {
                 Some(RxPending::Request { len }) => Some(len as u64),
+                Some(RxPending::Early { seq, len }) if seq == h.seq => Some(len as u64),
                 _ => None,
             })
             .sum();
@@ -1635,6 +1718,146 @@ impl Session {
         };
         self.rails[rail].rx_keep = keep;
         Ok(action)
+    }
+
+    /// A write chunk the initiator allows ahead of its turn: checked as its execution will
+    /// be, then placed (or discarded, when the check fails) at once.
+    fn place_early(&mut self, rail: usize, h: &FrameHeader) -> Result<RxAction, ProtocolError> {
+        let imm = (h.flags & FLAG_IMM != 0).then_some(h.aux);
+        if h.seq - self.frontier > EARLY_MAX_AHEAD
+            || (self.early.len() >= EARLY_MAX_OPS && !self.early.contains_key(&h.seq))
+        {
+            return Ok(RxAction::Stall);
+        }
+        if !self.early.contains_key(&h.seq) {
+            let (status, pin) =
+                match self
+                    .registry
+                    .check(h.rkey, h.addr, h.arg0, Access::REMOTE_WRITE)
+                {
+                    Ok(pin) => (WireStatus::Ok, Some(pin)),
+                    Err(st) => (st, None),
+                };
+            self.early.insert(
+                h.seq,
+                EarlyOp {
+                    rkey: h.rkey,
+                    addr: h.addr,
+                    total: h.arg0,
+                    imm,
+                    status,
+                    pin,
+                    received: 0,
+                },
+            );
+        }
+        let e = &self.early[&h.seq];
+        if e.rkey != h.rkey || e.addr != h.addr || e.total != h.arg0 || e.imm != imm {
+            return Err(ProtocolError::InconsistentChunk { seq: h.seq });
+        }
+        let placing: u64 = self
+            .rails
+            .iter()
+            .filter_map(|r| match r.rx_pending {
+                Some(RxPending::Early { seq, len }) if seq == h.seq => Some(len as u64),
+                _ => None,
+            })
+            .sum();
+        if e.received + placing + h.payload_len as u64 > e.total {
+            return Err(ProtocolError::Overrun {
+                seq: h.seq,
+                total: e.total,
+            });
+        }
+        let dest = e.pin.as_ref().map(|pin| {
+            let start = pin.ptr_at(h.addr as usize) as usize;
+            (start, pin.clone())
+        });
+        let (action, keep) = match dest {
+            Some((start, pin)) => {
+                // Bytes an executed read still sends from are copied aside first (or, while
+                // a response frame is being written from them, the rail waits).
+                if self.read_conflict(start, start + h.arg0 as usize) {
+                    return Ok(RxAction::Stall);
+                }
+                let iov = vec![(
+                    pin.ptr_at((h.addr + h.arg1) as usize),
+                    h.payload_len as usize,
+                )];
+                (RxAction::Place(Placement { iov }), Some(Keep::Pin(pin)))
+            }
+            None => (RxAction::Discard, None),
+        };
+        self.early_chunks += 1;
+        self.rails[rail].rx_pending = Some(RxPending::Early {
+            seq: h.seq,
+            len: h.payload_len,
+        });
+        self.rails[rail].rx_keep = keep;
+        Ok(action)
+    }
+
+    /// Makes the write `seq`, placed in part or whole ahead of its turn, the operation in
+    /// execution. The caller has checked that its turn has come and a receive is there if
+    /// it carries an immediate.
+    fn start_early(&mut self, seq: u64) {
+        let e = self.early.remove(&seq).expect("checked by the caller");
+        let recv = if e.imm.is_some() {
+            self.recvs.pop_front()
+        } else {
+            None
+        };
+        self.cur = Some(TargetOp {
+            seq,
+            opcode: Opcode::Write,
+            rkey: e.rkey,
+            addr: e.addr,
+            total: e.total,
+            imm: e.imm,
+            received: e.received,
+            status: e.status,
+            dest: e.pin.map(Dest::Region),
+            recv,
+        });
+    }
+
+    /// Executes writes placed ahead of their turn whose turn has come and whose chunks have
+    /// all been placed (no frame of theirs is left to arrive and trigger it).
+    fn apply_early(&mut self) {
+        while self.failed.is_none() && self.cur.is_none() {
+            let seq = self.frontier;
+            let Some(e) = self.early.get(&seq) else {
+                return;
+            };
+            if e.imm.is_some() && self.recvs.is_empty() {
+                return;
+            }
+            let placing = self
+                .rails
+                .iter()
+                .any(|r| matches!(r.rx_pending, Some(RxPending::Early { seq: s, .. }) if s == seq));
+            if e.received < e.total || placing {
+                // Its remaining chunks arrive (or finish) in their turn and complete it then.
+                return;
+            }
+            let Some(rail) = self.rails.iter().position(|r| r.alive) else {
+                return;
+            };
+            self.start_early(seq);
+            self.finish_target_op(rail);
+        }
+    }
+
+    /// Executes what became due: writes placed ahead, and requests staged after a rail loss.
+    fn run_due(&mut self) {
+        loop {
+            let before = self.frontier;
+            self.apply_early();
+            self.apply_staged();
+            if self.frontier == before {
+                return;
+            }
+        }
     }
 
     fn queue_done(&mut self, rail: usize, seq: u64, st: WireStatus) {
@@ -1793,7 +2016,8 @@ impl Session {
             let len = match &p {
                 RxPending::Request { len }
                 | RxPending::ReadResponse { len, .. }
-                | RxPending::Dropped { len } => *len as u64,
+                | RxPending::Dropped { len }
+                | RxPending::Early { len, .. } => *len as u64,
                 RxPending::Staged(st) => st.data.len as u64,
             };
             // Count the payload first, so that the acknowledgement covers it.
@@ -1838,6 +2062,25 @@ impl Session {
                     }
                 }
             }
+            RxPending::Early { seq, len } => {
+                self.consumed(rail, len as u64);
+                if self.failed.is_some() {
+                    return Ok(());
+                }
+                match self.cur.as_mut() {
+                    Some(op) if op.seq == seq => {
+                        op.received += len as u64;
+                        if op.received == op.total {
+                            self.finish_target_op(rail);
+                        }
+                    }
+                    _ => {
+                        if let Some(e) = self.early.get_mut(&seq) {
+                            e.received += len as u64;
+                        }
+                    }
+                }
+            }
             RxPending::Dropped { len } => self.consumed(rail, len as u64),
             RxPending::Staged(st) => {
                 self.consumed(rail, st.data.len as u64);
@@ -1856,7 +2099,7 @@ impl Session {
                 }
             }
         }
-        self.apply_staged();
+        self.run_due();
         Ok(())
     }
 
@@ -2107,6 +2350,7 @@ impl Session {
         self.retx.clear();
         self.staged.clear();
         self.staged_bytes = 0;
+        self.early.clear();
         // A receive taken by a send still arriving is flushed like the others.
         if let Some(recv) = self.cur.take().and_then(|op| op.recv) {
             self.recvs.push_front(recv);

@@ -95,8 +95,13 @@ pub const FLAG_RETX: u16 = 1 << 1;
 pub const RETX_RAIL_MASK: u16 = 0x3f << 8;
 /// Header flag: the sender's window on this rail is half full; acknowledge this frame soon.
 pub const FLAG_ACK_REQ: u16 = 1 << 2;
+/// Header flag on a `Write` chunk: the initiator allows the target to place it before the
+/// requests ahead of it have executed (no earlier outstanding request of the initiator
+/// touches the same memory; see `SessionConfig::relaxed_placement`). Only placement moves
+/// ahead: the write still completes in order.
+pub const FLAG_EARLY: u16 = 1 << 3;
 /// All flags this version defines; any other bit set is malformed.
-pub const KNOWN_FLAGS: u16 = FLAG_IMM | FLAG_RETX | FLAG_ACK_REQ | RETX_RAIL_MASK;
+pub const KNOWN_FLAGS: u16 = FLAG_IMM | FLAG_RETX | FLAG_ACK_REQ | FLAG_EARLY | RETX_RAIL_MASK;
 
 /// A decoded, validated frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
