@@ -214,9 +214,10 @@ impl EndpointShared {
         }
         s.on_rail_lost(rail);
         self.deliver(&mut s);
-        self.close_dead_rails(&mut s);
+        let dead = s.take_dead_rails();
         let failed = s.is_failed();
         drop(s);
+        self.close_dead_rails(dead);
         if failed {
             self.shutdown();
         } else {
@@ -271,9 +272,10 @@ impl EndpointShared {
         }
     }
 
-    /// Shuts the sockets of rails the session has given up.
-    pub(crate) fn close_dead_rails(&self, s: &mut Session) {
-        let dead = s.take_dead_rails();
+    /// Shuts the sockets of rails the session has given up (`dead`, from
+    /// `Session::take_dead_rails`). Called without the session lock: a shutdown takes the
+    /// rail's transmit lock, which `flush_rail` holds while it takes the session lock.
+    pub(crate) fn close_dead_rails(&self, dead: u64) {
         for (i, r) in self.rails.iter().enumerate() {
             if dead & (1 << i) != 0 {
                 r.shutdown();
@@ -466,8 +468,9 @@ impl RxRail<'_> {
             }
         };
         self.ep.deliver(&mut s);
-        self.ep.close_dead_rails(&mut s);
+        let dead = s.take_dead_rails();
         drop(s);
+        self.ep.close_dead_rails(dead);
         if matches!(action, RxAction::Stall) {
             self.c.state = RxState::Stalled(h);
             return Some(RxStep::Wait);
@@ -526,8 +529,9 @@ impl RxRail<'_> {
         let mut s = self.ep.session.lock();
         let r = s.payload_done(self.rail);
         self.ep.deliver(&mut s);
-        self.ep.close_dead_rails(&mut s);
+        let dead = s.take_dead_rails();
         drop(s);
+        self.ep.close_dead_rails(dead);
         self.c.state = RxState::Header;
         if let Err(e) = r {
             self.die(&format!("protocol error: {e}"));
