@@ -18,7 +18,8 @@ use super::{
 /// Everything a test needs from the command line.
 struct Plan {
     rails: Vec<RailSpec>,
-    depth: usize,
+    /// `-q`; `None`: `default_depth` of each size.
+    depth: Option<usize>,
     verify: bool,
     iters: u64,
     duration: Option<Duration>,
@@ -29,6 +30,11 @@ struct Plan {
 }
 
 impl Plan {
+    /// Operations in flight for `size`-byte operations: `-q`, or bench's default.
+    fn depth_for(&self, size: usize) -> usize {
+        self.depth.unwrap_or_else(|| super::default_depth(size))
+    }
+
     /// The plan of one of `rounds` rounds.
     fn sub(&self, rounds: u32) -> Plan {
         Plan {
@@ -108,7 +114,7 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
     if a.rails.is_empty() {
         bail!("--rails needs at least one rail");
     }
-    if a.depth == 0 || a.depth > MAX_DEPTH {
+    if a.depth.is_some_and(|d| d == 0 || d > MAX_DEPTH) {
         bail!("-q must be 1 .. {MAX_DEPTH}");
     }
     let duration = a.duration.map(|d| secs(d, "-D")).transpose()?;
@@ -132,7 +138,7 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
     };
     let plan = Plan {
         rails: a.rails.clone(),
-        depth: if op.is_lat() { 1 } else { a.depth },
+        depth: if op.is_lat() { Some(1) } else { a.depth },
         verify: a.verify,
         iters,
         duration,
@@ -172,6 +178,7 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
         plan.depth,
         a.verify,
         a.baseline,
+        (op == Op::Write).then_some(!a.window.strict_placement),
     ));
     let mut rows = Vec::new();
     for &size in &sizes {
@@ -349,7 +356,7 @@ fn setup_for(op: Op, size: usize, plan: &Plan, wait_mode: bool) -> Setup {
         version: PROTO_VERSION,
         op,
         size,
-        depth: plan.depth,
+        depth: plan.depth_for(size),
         verify: plan.verify,
         wait_mode,
         max_seconds: plan.max_seconds,
@@ -379,13 +386,13 @@ fn run_bw(ctx: &Context, peer: &mut Peer, op: Op, size: usize, plan: &Plan) -> R
     let lslots = if fetch {
         1
     } else {
-        slots_for(size, plan.depth)
+        slots_for(size, plan.depth_for(size))
     };
     // With --verify a local slot is reused only after its previous operation completed.
     let depth = if plan.verify && !fetch {
-        plan.depth.min(lslots)
+        plan.depth_for(size).min(lslots)
     } else {
-        plan.depth
+        plan.depth_for(size)
     } as u64;
     let local = ctx.alloc_region(lslots * size, Access::LOCAL_WRITE)?;
     let mut scratch = Vec::new();

@@ -131,9 +131,10 @@ pub struct ClientArgs {
     /// Seconds per size: run until D seconds or -n iterations, whichever comes first.
     #[arg(short = 'D', long = "duration")]
     pub duration: Option<f64>,
-    /// Operations in flight (bandwidth tests).
-    #[arg(short = 'q', long = "depth", default_value_t = 16)]
-    pub depth: usize,
+    /// Operations in flight (bandwidth tests). Default: enough for 16 MiB in flight, 16 to
+    /// 1000 operations (256 at 64 KiB, 16 from 1 MiB up); see `default_depth`.
+    #[arg(short = 'q', long = "depth")]
+    pub depth: Option<usize>,
     /// Fill sources with a per-iteration pattern and check every byte at the destination.
     #[arg(long)]
     pub verify: bool,
@@ -183,10 +184,11 @@ pub struct WindowArgs {
     /// SessionConfig.target_delay in milliseconds.
     #[arg(long)]
     pub target_delay_ms: Option<f64>,
-    /// SessionConfig.relaxed_placement: writes to disjoint ranges may be placed ahead of
-    /// their turn (the initiator's setting; every braid target accepts it).
+    /// Turn SessionConfig.relaxed_placement off. bench turns it on: its writes go to
+    /// disjoint slots, so the target may place them as they arrive (they still complete in
+    /// order); braid's own default is off.
     #[arg(long)]
-    pub relaxed: bool,
+    pub strict_placement: bool,
 }
 
 impl WindowArgs {
@@ -217,9 +219,7 @@ impl WindowArgs {
             }
             cfg.target_delay = Duration::from_secs_f64(ms / 1000.0);
         }
-        if self.relaxed {
-            cfg.relaxed_placement = true;
-        }
+        cfg.relaxed_placement = !self.strict_placement;
         Ok(())
     }
 }
@@ -440,6 +440,12 @@ pub fn region_matches(
 }
 
 /// Number of message-size slots of a bandwidth test's buffers.
+/// Operations in flight of a bandwidth test of `size`-byte operations when `-q` is not
+/// given: the demo's ([`braid_cli::demo::rma_depth`], at least 16 MiB in flight).
+pub fn default_depth(size: usize) -> usize {
+    braid_cli::demo::rma_depth(size)
+}
+
 pub fn slots_for(size: usize, depth: usize) -> usize {
     depth.clamp(1, (BUF_CAP / size.max(1)).max(1))
 }

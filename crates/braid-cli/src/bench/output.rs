@@ -146,7 +146,15 @@ pub struct Row {
 }
 
 /// The table's heading for `op`.
-pub fn header(op: Op, rails: usize, depth: usize, verify: bool, baseline: bool) -> String {
+/// `relaxed`: the writes' placement (`None` where it does not apply).
+pub fn header(
+    op: Op,
+    rails: usize,
+    depth: Option<usize>,
+    verify: bool,
+    baseline: bool,
+    relaxed: Option<bool>,
+) -> String {
     let title = match op {
         Op::Write => "RDMA_Write BW Test",
         Op::Read => "RDMA_Read BW Test",
@@ -158,13 +166,21 @@ pub fn header(op: Op, rails: usize, depth: usize, verify: bool, baseline: bool) 
     };
     let line = "-".repeat(100);
     let mut s = format!(
-        "{line}\n {title} (braid, {rails} rail(s){}{})\n",
+        "{line}\n {title} (braid, {rails} rail(s){}{}{})\n",
         if op.is_lat() {
             String::new()
         } else {
-            format!(", depth {depth}")
+            match depth {
+                Some(d) => format!(", depth {d}"),
+                None => ", depth 16 MiB in flight (16-1000 ops)".to_string(),
+            }
         },
-        if verify { ", verify" } else { "" }
+        if verify { ", verify" } else { "" },
+        match relaxed {
+            Some(true) => ", relaxed placement",
+            Some(false) => ", strict placement",
+            None => "",
+        }
     );
     if op.is_lat() {
         s += " latencies are one-way = RTT/2 in usec (as perftest); poll = busy cq.poll, wait = cq.wait\n";
