@@ -88,6 +88,27 @@ pub(crate) fn recv_into(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     retry(|| unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) })
 }
 
+/// Sets the socket's receive low-water mark: readiness (and the wakeup) is reported only
+/// once `bytes` are queued, or on end of stream or error.
+pub(crate) fn set_rcvlowat(fd: RawFd, bytes: usize) -> io::Result<()> {
+    let v = bytes.min(i32::MAX as usize / 2) as libc::c_int;
+    // SAFETY: a valid pointer to an int of the stated size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// The kernel's most recent delivery-rate sample for a TCP socket, in bytes per second
 /// (`tcpi_delivery_rate`); `None` when unavailable or not measured yet.
 pub(crate) fn delivery_rate(fd: RawFd) -> Option<f64> {
