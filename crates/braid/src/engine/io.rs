@@ -109,9 +109,18 @@ pub(crate) fn set_rcvlowat(fd: RawFd, bytes: usize) -> io::Result<()> {
     }
 }
 
-/// The kernel's most recent delivery-rate sample for a TCP socket, in bytes per second
-/// (`tcpi_delivery_rate`); `None` when unavailable or not measured yet.
-pub(crate) fn delivery_rate(fd: RawFd) -> Option<f64> {
+/// What the kernel knows of a TCP connection (from `TCP_INFO`).
+pub(crate) struct TcpSample {
+    /// Most recent delivery-rate sample, bytes per second (`tcpi_delivery_rate`); `None`
+    /// when not measured yet.
+    pub(crate) delivery_rate: Option<f64>,
+    /// Time since data last arrived on the connection (`tcpi_last_data_recv`), whether or
+    /// not it has been read.
+    pub(crate) since_data_recv: std::time::Duration,
+}
+
+/// Samples `TCP_INFO` of a socket; `None` when unavailable.
+pub(crate) fn tcp_sample(fd: RawFd) -> Option<TcpSample> {
     // SAFETY: tcp_info is plain data; the kernel fills at most `len` bytes of it.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -125,7 +134,13 @@ pub(crate) fn delivery_rate(fd: RawFd) -> Option<f64> {
             &mut len,
         )
     };
-    let have = std::mem::offset_of!(libc::tcp_info, tcpi_delivery_rate) + 8;
-    (r == 0 && len as usize >= have && info.tcpi_delivery_rate > 0)
-        .then_some(info.tcpi_delivery_rate as f64)
+    if r != 0 {
+        return None;
+    }
+    let have_rate = std::mem::offset_of!(libc::tcp_info, tcpi_delivery_rate) + 8;
+    Some(TcpSample {
+        delivery_rate: (len as usize >= have_rate && info.tcpi_delivery_rate > 0)
+            .then_some(info.tcpi_delivery_rate as f64),
+        since_data_recv: std::time::Duration::from_millis(info.tcpi_last_data_recv as u64),
+    })
 }

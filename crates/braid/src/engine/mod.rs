@@ -796,8 +796,17 @@ impl EngineLoop {
         let mut touched = Vec::new();
         for (id, (ep, _)) in &self.endpoints {
             for rail in 0..ep.rails.len() {
-                if let Some(rate) = io::delivery_rate(ep.rails[rail].fd()) {
-                    ep.session.lock().set_rail_capacity(rail, rate);
+                let Some(t) = io::tcp_sample(ep.rails[rail].fd()) else {
+                    continue;
+                };
+                let mut s = ep.session.lock();
+                if let Some(rate) = t.delivery_rate {
+                    s.set_rail_capacity(rail, rate);
+                }
+                // Bytes the kernel holds for a payload still arriving are not read until the
+                // low-water mark is reached: the rail is alive all the same.
+                if let Some(at) = now.checked_sub(t.since_data_recv) {
+                    s.on_rx_progress(rail, at);
                 }
             }
             let dead = ep.session.lock().on_tick(now);

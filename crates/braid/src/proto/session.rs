@@ -2208,7 +2208,8 @@ impl Session {
     /// Notes that payload bytes are arriving on `rail` (a large chunk on a slow rail takes
     /// a while; the rail is not silent).
     pub fn on_rx_progress(&mut self, rail: usize, now: Instant) {
-        self.rails[rail].last_rx = Some(now);
+        let r = &mut self.rails[rail];
+        r.last_rx = Some(r.last_rx.map_or(now, |l| l.max(now)));
     }
 
     /// Rails that were stalled and may now proceed (a bit per rail); clears the set.
