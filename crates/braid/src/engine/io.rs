@@ -68,13 +68,15 @@ pub(crate) fn send_pieces(
     retry(|| unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })
 }
 
-/// Receives into `pieces` starting `skip` bytes in; returns bytes received (0 = peer closed).
+/// Receives into `pieces` starting `skip` bytes in, then into `tail` (if any room is left
+/// in the iovec array); returns bytes received (0 = peer closed).
 pub(crate) fn recv_pieces(
     fd: RawFd,
     pieces: &[(*mut u8, usize)],
     skip: usize,
+    tail: Option<(*mut u8, usize)>,
 ) -> io::Result<usize> {
-    let (iov, n) = iovecs(pieces.iter().copied(), skip);
+    let (iov, n) = iovecs(pieces.iter().copied().chain(tail), skip);
     if n == 0 {
         return Ok(0);
     }

@@ -379,6 +379,7 @@ impl RxRail<'_> {
                             self.c.start = 0;
                         }
                         if self.c.drained {
+                            self.set_lowat(fd, 1);
                             self.ep.session.lock().on_rx_idle(self.rail);
                             return RxStep::Wait;
                         }
@@ -392,6 +393,7 @@ impl RxRail<'_> {
                                 continue;
                             }
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                self.set_lowat(fd, 1);
                                 self.ep.session.lock().on_rx_idle(self.rail);
                                 return RxStep::Wait;
                             }
@@ -414,12 +416,27 @@ impl RxRail<'_> {
                 }
                 RxState::Payload { place, len, done } => {
                     if self.c.drained {
+                        self.set_lowat(fd, (len - done).min(LOWAT_MAX));
                         self.c.state = RxState::Payload { place, len, done };
                         return RxStep::Wait;
                     }
-                    match io::recv_pieces(fd, &place.iov, done) {
+                    // After a bulk payload, the next frame's header comes in the same read (one
+                    // system call less per chunk); whatever of it arrives goes to the buffer.
+                    if self.buffered() == 0 {
+                        (self.c.start, self.c.end) = (0, 0);
+                    }
+                    let end = self.c.end;
+                    let tail = (self.c.bulk && end + HEADER_LEN <= RX_BUF)
+                        .then(|| (self.c.buf[end..end + HEADER_LEN].as_mut_ptr(), HEADER_LEN));
+                    match io::recv_pieces(fd, &place.iov, done, tail) {
                         Ok(0) => return self.die("peer closed the connection"),
-                        Ok(n) if done + n >= len => self.payload_done(len),
+                        Ok(n) if done + n >= len => {
+                            let extra = done + n - len;
+                            self.c.end += extra;
+                            // Less than a whole header behind the payload: the socket is empty.
+                            self.c.drained = extra < HEADER_LEN;
+                            self.payload_done(len);
+                        }
                         Ok(n) => {
                             // A short read means the socket is empty for now. Wake up again
                             // when much more of the payload is there: a receiver woken per
@@ -443,6 +460,7 @@ impl RxRail<'_> {
                             }
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            self.set_lowat(fd, (len - done).min(LOWAT_MAX));
                             self.c.state = RxState::Payload { place, len, done };
                             return RxStep::Wait;
                         }
@@ -457,6 +475,7 @@ impl RxRail<'_> {
                         Ok(n) if n >= left => self.payload_done(0),
                         Ok(n) => self.c.state = RxState::Discard { left: left - n },
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            self.set_lowat(fd, 1);
                             self.c.state = RxState::Discard { left };
                             return RxStep::Wait;
                         }
@@ -535,9 +554,11 @@ impl RxRail<'_> {
         None
     }
 
-    /// Sets the socket's receive low-water mark to `bytes` when it differs. Never above what
-    /// the current frame still has to deliver: the peer always sends whole frames, so those
-    /// bytes come (or the connection ends, which is reported whatever the mark).
+    /// Sets the socket's receive low-water mark to `bytes` when it differs. Every wait for
+    /// readiness sets it first, never above what the current frame still has to deliver:
+    /// the peer always sends whole frames, so those bytes come (or the connection ends, which
+    /// is reported whatever the mark). Between frames it stays raised while bytes keep
+    /// coming: one system call less per chunk on a busy rail.
     fn set_lowat(&mut self, fd: RawFd, bytes: usize) {
         let bytes = bytes.max(1);
         if bytes != self.c.lowat && io::set_rcvlowat(fd, bytes).is_ok() {
@@ -546,10 +567,6 @@ impl RxRail<'_> {
     }
 
     fn payload_done(&mut self, _len: usize) {
-        if self.c.lowat > 1 {
-            let fd = self.ep.rails[self.rail].fd();
-            self.set_lowat(fd, 1);
-        }
         let mut s = self.ep.session.lock();
         let r = s.payload_done(self.rail);
         self.ep.deliver(&mut s);
