@@ -138,7 +138,7 @@ impl Context {
         Region::allocate(&self.inner.registry, len, access, RegionOptions::default())
     }
 
-    /// [`Context::alloc_region`] with options (huge pages).
+    /// [`Context::alloc_region`] with options (huge pages, populated pages).
     pub fn alloc_region_with(
         &self,
         len: usize,

@@ -394,7 +394,7 @@ fn run_bw(ctx: &Context, peer: &mut Peer, op: Op, size: usize, plan: &Plan) -> R
     } else {
         plan.depth_for(size)
     } as u64;
-    let local = ctx.alloc_region(lslots * size, Access::LOCAL_WRITE)?;
+    let local = ctx.alloc_region_with(lslots * size, Access::LOCAL_WRITE, super::POPULATED)?;
     let mut scratch = Vec::new();
     let mut got = Vec::new();
     if !plan.verify && matches!(op, Op::Write | Op::Send) {

@@ -58,6 +58,13 @@ const CTRL_WR: u64 = u64::MAX - 1;
 const PAD_WR: u64 = u64::MAX - 2;
 /// Most bytes of data buffers per side and test.
 pub const BUF_CAP: usize = 64 << 20;
+
+/// Data regions of both sides: pages resident from the start (as verbs registration pins
+/// them), so that no run pays for first-touch page faults.
+pub const POPULATED: braid::RegionOptions = braid::RegionOptions {
+    huge_pages: false,
+    populate: true,
+};
 /// Largest message size accepted.
 pub const MAX_SIZE: usize = 1 << 30;
 /// Largest depth (the session's default outstanding limit is 1024).

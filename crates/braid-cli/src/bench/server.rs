@@ -219,7 +219,8 @@ fn run_test(
                 let slots = slots_for(s.size, s.depth);
                 (slots, slots * s.size)
             };
-            let region = ctx.alloc_region(len, Access::all())?;
+            // Resident before the clock starts, as a verbs registration would make it.
+            let region = ctx.alloc_region_with(len, Access::all(), super::POPULATED)?;
             if s.op == Op::Read {
                 for k in 0..slots {
                     write_pattern(
@@ -269,7 +270,7 @@ fn run_test(
             let r = (s.depth * 2)
                 .clamp(8, 256)
                 .min((super::BUF_CAP / buf).max(2));
-            let region = ctx.alloc_region(r * buf, Access::LOCAL_WRITE)?;
+            let region = ctx.alloc_region_with(r * buf, Access::LOCAL_WRITE, super::POPULATED)?;
             for k in 0..r {
                 peer.post_recv(region.slice(k * buf, buf)?)?;
             }

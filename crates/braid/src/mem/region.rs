@@ -259,6 +259,10 @@ impl fmt::Debug for Region {
 pub struct RegionOptions {
     /// Back the region with huge pages (`MAP_HUGETLB`); allocation fails if none are free.
     pub huge_pages: bool,
+    /// Fault every page in at allocation (`MAP_POPULATE`), as RDMA registration pins memory:
+    /// the first transfers into the region then take no page faults (on a benchmark's
+    /// 64 MiB target, 16 Ki faults on the receive path).
+    pub populate: bool,
 }
 
 impl Region {
@@ -295,6 +299,9 @@ impl Region {
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         if opts.huge_pages {
             flags |= libc::MAP_HUGETLB;
+        }
+        if opts.populate {
+            flags |= libc::MAP_POPULATE;
         }
         // SAFETY: anonymous mapping with no address hint; the result is checked.
         let ptr = unsafe {
@@ -582,6 +589,32 @@ mod tests {
         drop(b);
         assert!(reg.lookup(kb.key).is_none());
         assert_eq!(RemoteKey::from_bytes(&k.to_bytes()), Some(k));
+    }
+
+    /// Pages resident (per `mincore`) out of those of `r`.
+    fn resident_pages(r: &Region) -> usize {
+        let page = page_size();
+        let pages = r.len().div_ceil(page);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: the region's mapping is page-aligned and `pages` pages long; vec has one
+        // byte per page.
+        let rc = unsafe { libc::mincore(r.as_mut_ptr().cast(), pages * page, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        vec.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    #[test]
+    fn populate_makes_every_page_resident() {
+        let reg = Arc::new(Registry::default());
+        let len = 64 * page_size();
+        let lazy = Region::allocate(&reg, len, Access::all(), RegionOptions::default()).unwrap();
+        assert_eq!(resident_pages(&lazy), 0);
+        let opts = RegionOptions {
+            populate: true,
+            ..RegionOptions::default()
+        };
+        let eager = Region::allocate(&reg, len, Access::all(), opts).unwrap();
+        assert_eq!(resident_pages(&eager), 64);
     }
 
     #[test]
