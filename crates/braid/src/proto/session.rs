@@ -1664,15 +1664,11 @@ impl Session {
         }
         // Payloads other rails are still placing count as received: otherwise a duplicated
         // chunk could complete the operation while another rail still writes into its memory.
-        let placing: u64 = self
-            .rails
-            .iter()
-            .filter_map(|r| match r.rx_pending {
-                Some(RxPending::Request { len }) => Some(len as u64),
-                Some(RxPending::Early { seq, len }) if seq == h.seq => Some(len as u64),
-                _ => None,
-            })
-            .sum();
+        let placing = self.placing(|p| match *p {
+            RxPending::Request { len } => Some(len),
+            RxPending::Early { seq, len } if seq == h.seq => Some(len),
+            _ => None,
+        });
         let op = self.cur.as_mut().expect("set above");
         if op.seq != h.seq
             || op.opcode != h.opcode
@@ -1755,14 +1751,10 @@ impl Session {
         if e.rkey != h.rkey || e.addr != h.addr || e.total != h.arg0 || e.imm != imm {
             return Err(ProtocolError::InconsistentChunk { seq: h.seq });
         }
-        let placing: u64 = self
-            .rails
-            .iter()
-            .filter_map(|r| match r.rx_pending {
-                Some(RxPending::Early { seq, len }) if seq == h.seq => Some(len as u64),
-                _ => None,
-            })
-            .sum();
+        let placing = self.placing(|p| match *p {
+            RxPending::Early { seq, len } if seq == h.seq => Some(len),
+            _ => None,
+        });
         if e.received + placing + h.payload_len as u64 > e.total {
             return Err(ProtocolError::Overrun {
                 seq: h.seq,
@@ -1858,6 +1850,15 @@ impl Session {
                 return;
             }
         }
+    }
+
+    /// Payload bytes the rails are still placing, of the pending payloads `of` selects.
+    fn placing(&self, of: impl Fn(&RxPending) -> Option<u32>) -> u64 {
+        self.rails
+            .iter()
+            .filter_map(|r| r.rx_pending.as_ref().and_then(&of))
+            .map(u64::from)
+            .sum()
     }
 
     fn queue_done(&mut self, rail: usize, seq: u64, st: WireStatus) {
@@ -1968,16 +1969,10 @@ impl Session {
                     return Err(unknown());
                 }
                 // Count payloads of this read other rails are still placing (see on_request).
-                let placing: u64 = self
-                    .rails
-                    .iter()
-                    .filter_map(|r| match r.rx_pending {
-                        Some(RxPending::ReadResponse { seq, len }) if seq == h.seq => {
-                            Some(len as u64)
-                        }
-                        _ => None,
-                    })
-                    .sum();
+                let placing = self.placing(|p| match *p {
+                    RxPending::ReadResponse { seq, len } if seq == h.seq => Some(len),
+                    _ => None,
+                });
                 if op.received + placing + h.payload_len as u64 > op.total {
                     return Err(ProtocolError::Overrun {
                         seq: h.seq,
