@@ -378,8 +378,8 @@ pub const RMA_CHUNK: usize = 256 << 10;
 /// measured here). A floor of 512 KiB (two chunks; rate x 4 ms at 1 Gbit/s is less) is below
 /// tbf's 5 ms queue plus the acknowledgement delay: one rail reached 111.6 MB/s of 119.6 at
 /// 4 MiB. 2 MiB (the old floor) let 64 KiB writes queue too much (374-376 MB/s over four
-/// rails, 21k tbf drops). 1 MiB gave 119.6 on one rail and 453-475 for 64 KiB writes on four, in the same
-/// minutes (`braid bench write --chunk 256K --min-window 1M`).
+/// rails, 21k tbf drops). 1 MiB gave 119.6 on one rail and 453-475 for 64 KiB writes on
+/// four, in the same minutes (`braid bench write --chunk 256K --min-window 1M`).
 pub const RMA_MIN_WINDOW: usize = 1 << 20;
 
 /// Operations in flight for `size`-byte rma writes, and `braid bench`'s default `-q`: at

@@ -65,6 +65,7 @@ pub const POPULATED: braid::RegionOptions = braid::RegionOptions {
     huge_pages: false,
     populate: true,
 };
+
 /// Largest message size accepted.
 pub const MAX_SIZE: usize = 1 << 30;
 /// Largest depth (the session's default outstanding limit is 1024).
@@ -446,13 +447,13 @@ pub fn region_matches(
     Ok(check_pattern(seed, got, scratch))
 }
 
-/// Number of message-size slots of a bandwidth test's buffers.
 /// Operations in flight of a bandwidth test of `size`-byte operations when `-q` is not
 /// given: the demo's ([`braid_cli::demo::rma_depth`], at least 16 MiB in flight).
 pub fn default_depth(size: usize) -> usize {
     braid_cli::demo::rma_depth(size)
 }
 
+/// Number of message-size slots of a bandwidth test's buffers.
 pub fn slots_for(size: usize, depth: usize) -> usize {
     depth.clamp(1, (BUF_CAP / size.max(1)).max(1))
 }

@@ -952,7 +952,9 @@ impl Session {
     /// a slow rail takes small chunks instead of holding up an operation with a large one.
     /// The target executes chunks in order, so a chunk is also how long the other rails may
     /// wait behind this one: at 1 Gbit/s (1 MiB window) 256 KiB chunks kept four rails at
-    /// 478 MB/s where 512 KiB chunks (half the window) gave 454 and 1 MiB chunks 394-478.
+    /// 478 MB/s where 512 KiB chunks (half the window) gave 454 and 1 MiB chunks 394-478
+    /// (`braid bench write -s 4190211 -D 5 -q 8 [--chunk 256K] [--min-window 1M]` on
+    /// `braid testbed up --rails 4`, README "Goals").
     fn chunk_for(&self, rail: usize) -> u64 {
         let max = self.cfg.chunk_size as u64;
         (self.window(rail) / 4).clamp(MIN_CHUNK.min(max), max)
@@ -1824,12 +1826,9 @@ impl Session {
             if e.imm.is_some() && self.recvs.is_empty() {
                 return;
             }
-            let placing = self
-                .rails
-                .iter()
-                .any(|r| matches!(r.rx_pending, Some(RxPending::Early { seq: s, .. }) if s == seq));
-            if e.received < e.total || placing {
-                // Its remaining chunks arrive (or finish) in their turn and complete it then.
+            // Chunks still arriving or being placed complete it in their turn (placed and
+            // pending bytes never exceed the total, so a full count means none is pending).
+            if e.received < e.total {
                 return;
             }
             let Some(rail) = self.rails.iter().position(|r| r.alive) else {
