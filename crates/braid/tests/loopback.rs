@@ -396,3 +396,35 @@ fn close_flushes_and_peer_sees_transport_error() {
             }
     );
 }
+
+/// A small payload read exactly (no room for the next header behind it) says nothing about
+/// whether more is queued. The engine used to take it for "socket empty" and waited for an
+/// edge that never came when the peer had nothing more to send: the atomic behind a bulk
+/// write and a small send sat unread until a keepalive (here: never) woke the rail.
+#[test]
+fn frames_queued_behind_a_small_payload_are_read_without_new_arrivals() {
+    let p = pair_with(1, |o| {
+        o.session.keepalive_interval = std::time::Duration::from_secs(3600);
+        o.session.peer_timeout = std::time::Duration::from_secs(3600);
+    });
+    let target = p.server_ctx.alloc_region(1 << 20, Access::all()).unwrap();
+    let inbox = p.server_ctx.alloc_region(64, Access::all()).unwrap();
+    let src = p.client_ctx.alloc_region(1 << 20, Access::all()).unwrap();
+    src.write_at(0, &pattern(7, 1 << 20)).unwrap();
+    let key = target.remote_key();
+    for round in 0..24u64 {
+        p.server.post_recv(1000 + round, &[inbox.as_sge()]).unwrap();
+        let wr = round * 3;
+        // A bulk chunk (the next header is read exactly behind it), a 64-byte send, an atomic.
+        p.client
+            .write(wr, &[src.slice(0, 256 << 10).unwrap()], &key, 0)
+            .unwrap();
+        p.client.send(wr + 1, &[src.slice(0, 64).unwrap()]).unwrap();
+        p.client.fetch_add(wr + 2, &key, 1 << 19, 1).unwrap();
+        expect_ok(&p.client_cq, wr);
+        expect_ok(&p.client_cq, wr + 1);
+        let c = expect_ok(&p.client_cq, wr + 2);
+        assert_eq!(c.value, Some(round));
+        expect_ok(&p.server_cq, 1000 + round);
+    }
+}

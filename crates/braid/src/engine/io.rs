@@ -68,20 +68,32 @@ pub(crate) fn send_pieces(
     retry(|| unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })
 }
 
+/// Bytes one vectored receive asked for and got.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Received {
+    /// Bytes received (0 = peer closed).
+    pub(crate) got: usize,
+    /// Bytes the call had room for: fewer than all of `pieces` and `tail` when they need
+    /// more than [`MAX_IOV`] entries. Only `got < asked` says the socket is empty.
+    pub(crate) asked: usize,
+}
+
 /// Receives into `pieces` starting `skip` bytes in, then into `tail` (if any room is left
-/// in the iovec array); returns bytes received (0 = peer closed).
+/// in the iovec array).
 pub(crate) fn recv_pieces(
     fd: RawFd,
     pieces: &[(*mut u8, usize)],
     skip: usize,
     tail: Option<(*mut u8, usize)>,
-) -> io::Result<usize> {
+) -> io::Result<Received> {
     let (iov, n) = iovecs(pieces.iter().copied().chain(tail), skip);
+    let asked = iov[..n].iter().map(|v| v.iov_len).sum();
     if n == 0 {
-        return Ok(0);
+        return Ok(Received { got: 0, asked });
     }
     // SAFETY: iov has n valid entries pointing into pinned registered memory.
-    retry(|| unsafe { libc::readv(fd, iov.as_ptr(), n as i32) })
+    let got = retry(|| unsafe { libc::readv(fd, iov.as_ptr(), n as i32) })?;
+    Ok(Received { got, asked })
 }
 
 /// Receives into `buf`; returns bytes received (0 = peer closed).

@@ -429,19 +429,36 @@ impl RxRail<'_> {
                     let tail = (self.c.bulk && end + HEADER_LEN <= RX_BUF)
                         .then(|| (self.c.buf[end..end + HEADER_LEN].as_mut_ptr(), HEADER_LEN));
                     match io::recv_pieces(fd, &place.iov, done, tail) {
-                        Ok(0) => return self.die("peer closed the connection"),
-                        Ok(n) if done + n >= len => {
-                            let extra = done + n - len;
-                            self.c.end += extra;
-                            // Less than a whole header behind the payload: the socket is empty.
-                            self.c.drained = extra < HEADER_LEN;
+                        Ok(io::Received { got: 0, asked }) => {
+                            return self.die(if asked > 0 {
+                                "peer closed the connection"
+                            } else {
+                                "placement shorter than the payload"
+                            });
+                        }
+                        Ok(io::Received { got: n, asked }) if done + n >= len => {
+                            self.c.end += done + n - len;
+                            // Only a read that got less than it asked for says the socket is
+                            // empty. Without a header's room behind the payload (a small one,
+                            // or more pieces than one call takes) nothing is known: taking
+                            // that for empty left bytes unread with no edge to come.
+                            self.c.drained = n < asked;
                             self.payload_done(len);
                         }
-                        Ok(n) => {
+                        Ok(io::Received { got: n, asked }) => {
+                            self.c.drained = n < asked;
+                            if !self.c.drained {
+                                // The pieces needed more than one call: go on reading.
+                                self.c.state = RxState::Payload {
+                                    place,
+                                    len,
+                                    done: done + n,
+                                };
+                                continue;
+                            }
                             // A short read means the socket is empty for now. Wake up again
                             // when much more of the payload is there: a receiver woken per
                             // segment spent 1.5x a TCP receiver's CPU per GB.
-                            self.c.drained = true;
                             self.set_lowat(fd, (len - done - n).min(LOWAT_MAX));
                             // The rail is alive; telling the session costs a lock, so at most
                             // every 10 ms (its silence timeout is seconds).
