@@ -420,14 +420,22 @@ impl RxRail<'_> {
                         self.c.state = RxState::Payload { place, len, done };
                         return RxStep::Wait;
                     }
-                    // After a bulk payload, the next frame's header comes in the same read (one
-                    // system call less per chunk); whatever of it arrives goes to the buffer.
+                    // The next frame's header comes in the same read (one system call less
+                    // per frame, and a short read then tells that the socket is empty);
+                    // whatever of it arrives goes to the buffer. Behind a bulk payload exactly
+                    // one header, so that the next chunk's bulk is not pulled through the
+                    // buffer; behind a small one as much as the buffer holds.
                     if self.buffered() == 0 {
                         (self.c.start, self.c.end) = (0, 0);
                     }
                     let end = self.c.end;
-                    let tail = (self.c.bulk && end + HEADER_LEN <= RX_BUF)
-                        .then(|| (self.c.buf[end..end + HEADER_LEN].as_mut_ptr(), HEADER_LEN));
+                    let room = if self.c.bulk {
+                        HEADER_LEN
+                    } else {
+                        RX_BUF - end
+                    };
+                    let tail = (room > 0 && end + room <= RX_BUF)
+                        .then(|| (self.c.buf[end..end + room].as_mut_ptr(), room));
                     match io::recv_pieces(fd, &place.iov, done, tail) {
                         Ok(io::Received { got: 0, asked }) => {
                             return self.die(if asked > 0 {
