@@ -174,7 +174,8 @@ pub struct ClientArgs {
 }
 
 /// The striping window of each rail (`SessionConfig`): a rail takes the next chunk while its
-/// unacknowledged bytes are below `clamp(rate x target_delay, min_window, max_window)`, or
+/// unacknowledged bytes are below `clamp(rate x delay, min_window, max_window)` (delay:
+/// `target_delay`, or `relaxed_target_delay` with relaxed placement), or
 /// `initial_window` while its rate is unknown; its chunks are at most a quarter of that
 /// window. Unset: braid's defaults. The session raises `min_window` to at least 128 KiB and
 /// `initial_window` to at least `min_window`.
@@ -189,9 +190,14 @@ pub struct WindowArgs {
     /// SessionConfig.max_window.
     #[arg(long, value_parser = parse::parse_size)]
     pub max_window: Option<usize>,
-    /// SessionConfig.target_delay in milliseconds.
+    /// SessionConfig.target_delay and relaxed_target_delay, in milliseconds (defaults 4 and
+    /// 16: the second applies with relaxed placement, bench's default).
     #[arg(long)]
     pub target_delay_ms: Option<f64>,
+    /// SessionConfig.ack_threshold: received bytes after which this side acknowledges a rail
+    /// unasked (bytes, K/M suffixes).
+    #[arg(long, value_parser = parse::parse_size)]
+    pub ack_threshold: Option<usize>,
     /// Turn SessionConfig.relaxed_placement off. bench turns it on: its writes go to
     /// disjoint slots, so the target may place them as they arrive (they still complete in
     /// order); braid's own default is off.
@@ -207,6 +213,7 @@ impl WindowArgs {
             (self.initial_window, "--initial-window"),
             (self.min_window, "--min-window"),
             (self.max_window, "--max-window"),
+            (self.ack_threshold, "--ack-threshold"),
         ] {
             if v.is_some_and(|v| v == 0 || v > MAX) {
                 bail!("{what} must be 1 byte .. 1 GiB");
@@ -221,11 +228,15 @@ impl WindowArgs {
         if let Some(v) = self.max_window {
             cfg.max_window = v as u64;
         }
+        if let Some(v) = self.ack_threshold {
+            cfg.ack_threshold = v as u64;
+        }
         if let Some(ms) = self.target_delay_ms {
             if !(ms > 0.0 && ms <= 10_000.0) {
                 bail!("--target-delay-ms must be between 0 and 10000");
             }
             cfg.target_delay = Duration::from_secs_f64(ms / 1000.0);
+            cfg.relaxed_target_delay = cfg.target_delay;
         }
         cfg.relaxed_placement = !self.strict_placement;
         Ok(())
