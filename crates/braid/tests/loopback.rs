@@ -428,3 +428,30 @@ fn frames_queued_behind_a_small_payload_are_read_without_new_arrivals() {
         expect_ok(&p.server_cq, 1000 + round);
     }
 }
+
+/// A frame the socket took only in part waits in the rail's transmit batch, while the session
+/// may have nothing more for the rail (everything handed out). The writable edge must resume
+/// it all the same: it used to be skipped, and the rest of the frame went out only with the
+/// next keepalive (here: never).
+#[test]
+fn a_partly_written_frame_resumes_when_the_session_has_nothing_more() {
+    let p = pair_with(1, |o| {
+        o.session.keepalive_interval = std::time::Duration::from_secs(3600);
+        o.session.peer_timeout = std::time::Duration::from_secs(3600);
+        // The whole write is handed out at once, so the session is empty while its tail waits.
+        o.session.initial_window = 64 << 20;
+        o.session.min_window = 64 << 20;
+    });
+    const LEN: usize = 16 << 20;
+    let target = p.server_ctx.alloc_region(LEN, Access::all()).unwrap();
+    let src = p.client_ctx.alloc_region(LEN, Access::all()).unwrap();
+    let data = pattern(11, LEN);
+    src.write_at(0, &data).unwrap();
+    for round in 0..32u64 {
+        p.client
+            .write(round, &[src.as_sge()], &target.remote_key(), 0)
+            .unwrap();
+        expect_ok(&p.client_cq, round);
+    }
+    assert!(target.to_vec(0, LEN).unwrap() == data);
+}

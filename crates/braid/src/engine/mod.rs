@@ -54,6 +54,10 @@ const LOWAT_MAX: usize = 512 << 10;
 pub(crate) struct RailIo {
     /// Descriptor of the current socket (read by the engine without taking the lock).
     fd: AtomicI32,
+    /// Frames already taken from the session wait in `tx` for the socket to take them. The
+    /// session then may have nothing for this rail (all handed out, or its window full),
+    /// so the writable edge must resume the rail on this flag alone.
+    tx_blocked: AtomicBool,
     tx: Mutex<TxState>,
     rx: Mutex<RxCore>,
 }
@@ -69,6 +73,7 @@ impl RailIo {
     pub(crate) fn new(stream: TcpStream) -> RailIo {
         RailIo {
             fd: AtomicI32::new(stream.as_raw_fd()),
+            tx_blocked: AtomicBool::new(false),
             tx: Mutex::new(TxState {
                 stream,
                 batch: std::collections::VecDeque::new(),
@@ -94,6 +99,7 @@ impl RailIo {
         tx.stream = stream;
         tx.batch.clear();
         tx.off = 0;
+        self.tx_blocked.store(false, Ordering::Release);
     }
 }
 
@@ -137,6 +143,13 @@ impl EndpointShared {
     fn flush_rail(&self, rail: usize) -> std::io::Result<Flush> {
         let io = &self.rails[rail];
         let mut tx = io.tx.lock();
+        let r = self.flush_locked(rail, &mut tx);
+        io.tx_blocked
+            .store(matches!(r, Ok(Flush::Blocked)), Ordering::Release);
+        r
+    }
+
+    fn flush_locked(&self, rail: usize, tx: &mut TxState) -> std::io::Result<Flush> {
         loop {
             {
                 // Top the batch up: several small frames (a Done and the next request, say)
@@ -190,10 +203,13 @@ impl EndpointShared {
         }
     }
 
-    /// Flushes every rail that has something to send. Returns false when a rail failed.
+    /// Flushes every rail that has something to send, in the session or in its transmit
+    /// batch. Returns false when a rail failed.
     pub(crate) fn flush_all(&self) -> bool {
         for rail in 0..self.rails.len() {
-            if !self.session.lock().wants_transmit(rail) {
+            if !self.rails[rail].tx_blocked.load(Ordering::Acquire)
+                && !self.session.lock().wants_transmit(rail)
+            {
                 continue;
             }
             if let Err(e) = self.flush_rail(rail) {
