@@ -340,47 +340,21 @@ impl Runner<'_> {
     /// (one object or `{"results": [...]}` with `size`, `iterations`, `bw_mb_s`, `msg_rate`,
     /// `client_cpu_s_per_gb`, `server_cpu_s_per_gb`).
     ///
-    /// The endpoint uses [`RMA_CHUNK`], [`rma_depth`] operations in flight and bench's
-    /// relaxed placement (its writes go to disjoint slots, so a rail slower than the others
-    /// does not hold up the placement of later writes on the fast ones).
+    /// The endpoints use braid's chunking and windows, [`rma_depth`] operations in flight and
+    /// bench's relaxed placement (its writes go to disjoint slots, so a rail slower than the
+    /// others does not hold up the placement of later writes on the fast ones; the windows
+    /// are then about 16 ms of each rail's rate and chunks a quarter of that).
     pub fn run_rma(&mut self, k: usize, size: usize) -> Result<Measurement> {
         let depth = rma_depth(size).to_string();
-        let chunk = RMA_CHUNK.to_string();
-        let minw = RMA_MIN_WINDOW.to_string();
         self.pair(
             "rma",
-            &["bench", "server", "--chunk", &chunk, "--min-window", &minw],
-            &[
-                "bench",
-                "write",
-                "--chunk",
-                &chunk,
-                "--min-window",
-                &minw,
-                "-q",
-                &depth,
-            ],
+            &["bench", "server"],
+            &["bench", "write", "-q", &depth],
             k,
             size,
         )
     }
 }
-
-/// Chunk size of the demo's rma endpoints. With braid's default (1 MiB) an operation of
-/// 1 MiB or less is one chunk on one rail, and the target's in-order execution then stalls
-/// the other rails behind it: 1 MiB writes reached 272 MB/s of 478 on 4 × 1 Gbit/s; with
-/// 256 KiB chunks every 1 MiB write is spread over all four rails (419 MB/s in the same
-/// minute). See [`RMA_MIN_WINDOW`]. braid's defaults now give the same on 1 Gbit/s rails (a
-/// quarter of a 1 MiB window); the constant keeps the loopback fallback's chunks the same.
-pub const RMA_CHUNK: usize = 256 << 10;
-
-/// Smallest per-rail window of the demo's rma endpoints (braid's default since it was
-/// measured here). A floor of 512 KiB (two chunks; rate x 4 ms at 1 Gbit/s is less) is below
-/// tbf's 5 ms queue plus the acknowledgement delay: one rail reached 111.6 MB/s of 119.6 at
-/// 4 MiB. 2 MiB (the old floor) let 64 KiB writes queue too much (374-376 MB/s over four
-/// rails, 21k tbf drops). 1 MiB gave 119.6 on one rail and 453-475 for 64 KiB writes on
-/// four, in the same minutes (`braid bench write --chunk 256K --min-window 1M`).
-pub const RMA_MIN_WINDOW: usize = 1 << 20;
 
 /// Operations in flight for `size`-byte rma writes, and `braid bench`'s default `-q`: at
 /// least 16 MiB in flight, 16 to 1000 operations (bench's limit). Operations no larger than a
