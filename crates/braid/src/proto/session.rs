@@ -74,7 +74,7 @@ pub struct SessionConfig {
     /// arrival wait for no other rail, so a deeper window costs no throughput, and it halves
     /// the acknowledgements and receiver wake-ups per byte (chunks are a quarter of the
     /// window): on 4 x 1 Gbit/s the receiver's CPU per GB fell by about a tenth, where strict
-    /// placement with this depth lost a quarter of the throughput (README, "Receiver CPU").
+    /// placement with this depth lost a quarter of its throughput (README, "Goals").
     pub relaxed_target_delay: Duration,
     /// Unacknowledged received bytes on a rail after which an explicit acknowledgement is
     /// sent unasked (default 4 MiB). A backstop: the sending side asks for acknowledgements
