@@ -1054,7 +1054,8 @@ impl Session {
         // the unacknowledged bytes cross half of it, and then every half window sent. Two
         // per window keep it moving (the first arrives while half is still queued), and no
         // more: on a shaped 1 Gbit/s veth rail each `RailAck` costs the receiver about 16 µs
-        // of `sendmsg` and the peer's receive processing.
+        // of `sendmsg` and the peer's receive processing (`perf record` of the bench server:
+        // 10% of 1.18 CPU s in 7426 `sendmsg` calls).
         if (r.inflight() < half_window && r.inflight() + len >= half_window)
             || r.tx_bytes + len >= r.next_ack_req
         {
