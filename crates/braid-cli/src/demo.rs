@@ -6,7 +6,7 @@
 //! NICs one plain TCP stream, N parallel TCP streams, trunking and braid RMA write, against
 //! the shaped rate and the TCP framing limit.
 //!
-//! The rma column runs `braid bench server` / `braid bench write` (see [`run_rma`]); while
+//! The rma column runs `braid bench server` / `braid bench write` (see [`Runner::run_rma`]); while
 //! `bench` does not exist its cells print "n/a" with the error.
 //!
 //! Where namespaces cannot be made, the same table runs on loopback rails 127.0.0.1..N,

@@ -7,7 +7,7 @@ const MIN_SAMPLE: Duration = Duration::from_millis(2);
 
 /// Estimates a rail's delivery rate in bytes per second.
 ///
-/// Samples are acknowledged bytes over at least [`MIN_SAMPLE`]. A sample above the estimate
+/// Samples are acknowledged bytes over at least `MIN_SAMPLE` (2 ms). A sample above the estimate
 /// is always taken (the rail can do at least that); a sample below it only when the rail
 /// was kept busy, so that idle periods of the application do not shrink the estimate.
 #[derive(Debug, Default, Clone)]
