@@ -85,6 +85,9 @@ impl std::fmt::Debug for World {
     }
 }
 
+/// Bound on waiting for the rendezvous to pass an abort on.
+const ABORT_WAIT: Duration = Duration::from_secs(1);
+
 /// How long a rank 0 whose join failed keeps telling late ranks why.
 const FAILED_LINGER: Duration = Duration::from_secs(3);
 
@@ -380,7 +383,7 @@ impl World {
         if let Some(l) = &self.link
             && l.failure().is_none()
         {
-            l.abort(&e.to_string());
+            l.abort(&e.to_string(), ABORT_WAIT);
         }
     }
 
@@ -565,11 +568,12 @@ impl World {
         }
     }
 
-    /// Reports this rank's failure to every other rank (their next collective, and
-    /// [`World::check`], fail with [`BootError::RankFailed`] and `reason`).
+    /// Reports this rank's failure to every other rank: their next collective, and
+    /// [`World::check`], fail with [`BootError::RankFailed`] and `reason`. Returns once the
+    /// rendezvous has passed it on (at most about a second), so the process may exit next.
     pub fn abort_job(&self, reason: &str) {
         if let Some(l) = &self.link {
-            l.abort(reason);
+            l.abort(reason, ABORT_WAIT);
         }
     }
 
