@@ -362,7 +362,7 @@ impl World {
                 }
             });
         let formed = match link_table {
-            Ok(table) => world.form_mesh(ctx, opts, deadline, &table),
+            Ok(table) => world.form_mesh(ctx, opts, deadline, timeout, &table),
             Err(e) => Err(e),
         };
         match formed {
@@ -400,6 +400,7 @@ impl World {
         ctx: &Context,
         opts: &WorldOptions,
         deadline: Instant,
+        timeout: Duration,
         table: &[TableEntry],
     ) -> Result<(), BootError> {
         self.hosts = table.iter().map(|t| t.info.hostname.clone()).collect();
@@ -452,7 +453,7 @@ impl World {
                         "accepting endpoints: {} of the {expected} higher ranks connected",
                         accepted.len()
                     ),
-                    waited: opts.join_timeout,
+                    waited: timeout,
                 });
             }
             // Short waits, so that a failure elsewhere ends this one promptly.
