@@ -1,0 +1,4 @@
+//! The rendezvous, hosted by rank 0: a sans-IO core and its socket driver.
+
+pub(crate) mod core;
+pub(crate) mod server;
