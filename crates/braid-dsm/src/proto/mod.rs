@@ -385,6 +385,11 @@ impl Node {
         }
     }
 
+    /// The staging slot of this rank's request for `page` in flight, if any.
+    pub fn pending_slot(&self, page: PageId) -> Option<u32> {
+        self.pending.get(&page).map(|p| p.slot)
+    }
+
     /// Requests in flight plus faults waiting for a staging slot.
     pub fn outstanding(&self) -> usize {
         self.pending.len() + self.deferred.len()
