@@ -136,6 +136,12 @@ impl From<ServiceStats> for DsmStats {
     }
 }
 
+/// The runtime behind a [`Dsm`] (for the C API, which must not hold a lock while a call
+/// blocks).
+pub(crate) fn runtime_of(d: &Dsm) -> Arc<Runtime> {
+    d.rt.clone()
+}
+
 impl Dsm {
     /// Joins the group described by the launcher's environment (`docs/LAUNCH.md`: rank,
     /// size and `BRAID_ROOT`), with settings from the `BRAID_DSM_*` variables

@@ -40,6 +40,7 @@
 #![warn(missing_docs)]
 
 mod api;
+pub mod capi;
 mod config;
 mod error;
 pub mod proto;
