@@ -122,16 +122,38 @@ pub struct DsmStats {
     pub drops: u64,
     /// Protocol messages received.
     pub messages: u64,
+    /// Page requests this rank sent.
+    pub requests: u64,
+    /// Mean µs from reading a fault to having posted its request.
+    pub fault_to_request_us: f64,
+    /// Mean µs from posting a request to its grant's arrival (network and the serving rank).
+    pub request_to_grant_us: f64,
+    /// Mean µs installing a granted page (`UFFDIO_COPY` or unprotect, which wakes the thread).
+    pub install_us: f64,
+    /// Mean µs this rank took to serve a page (request arrival to page posted).
+    pub serve_us: f64,
 }
 
 impl From<ServiceStats> for DsmStats {
     fn from(s: ServiceStats) -> DsmStats {
+        let mean = |ns: u64, n: u64| {
+            if n == 0 {
+                0.0
+            } else {
+                ns as f64 / n as f64 / 1000.0
+            }
+        };
         DsmStats {
             faults: s.faults,
             installs: s.installs,
             pages_sent: s.pages_sent,
             drops: s.drops,
             messages: s.messages,
+            requests: s.requests,
+            fault_to_request_us: mean(s.fault_to_request_ns, s.requests),
+            request_to_grant_us: mean(s.request_to_grant_ns, s.requests),
+            install_us: mean(s.install_ns, s.installs),
+            serve_us: mean(s.serve_ns, s.pages_sent),
         }
     }
 }

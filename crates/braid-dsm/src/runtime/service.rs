@@ -33,6 +33,18 @@ pub struct ServiceStats {
     pub drops: u64,
     /// Protocol messages received.
     pub messages: u64,
+    /// Requests for pages sent, and the nanoseconds from reading their fault to having
+    /// posted the request.
+    pub requests: u64,
+    /// See `requests`.
+    pub fault_to_request_ns: u64,
+    /// Nanoseconds from posting requests to their grants' arrival (summed).
+    pub request_to_grant_ns: u64,
+    /// Nanoseconds in `UFFDIO_COPY` / unprotect installing granted pages (summed).
+    pub install_ns: u64,
+    /// Pages served (sent to a requester), and the nanoseconds from the request's arrival
+    /// here to the page being posted (write-protect, copy, post; summed).
+    pub serve_ns: u64,
 }
 
 /// The text of a failure, without the "group has failed" prefix it gets when reported.
@@ -58,6 +70,10 @@ pub(crate) struct Service {
     stopping: bool,
     removals: Vec<(PageId, u64)>,
     local: ServiceStats,
+    /// When each of this rank's requests in flight was posted.
+    posted: std::collections::HashMap<PageId, Instant>,
+    /// When the message being handled arrived.
+    arrived: Option<Instant>,
 }
 
 impl Service {
@@ -89,6 +105,8 @@ impl Service {
             stopping: false,
             removals: Vec::new(),
             local: ServiceStats::default(),
+            posted: std::collections::HashMap::new(),
+            arrived: None,
         }
     }
 
@@ -244,10 +262,18 @@ impl Service {
             )));
         }
         let page = ((f.addr - self.base) / self.page) as PageId;
+        let t = Instant::now();
+        let before = self.node.pending_slot(page).is_some();
         self.node
             .on_fault(page, f.write)
             .map_err(|e| DsmError::Failed(format!("protocol: {e}")))?;
-        self.actions()
+        self.actions()?;
+        if !before && self.node.pending_slot(page).is_some() {
+            self.local.requests += 1;
+            self.local.fault_to_request_ns += t.elapsed().as_nanos() as u64;
+            self.posted.insert(page, Instant::now());
+        }
+        Ok(())
     }
 
     fn request(&mut self, r: Request) -> Result<(), DsmError> {
@@ -381,6 +407,12 @@ impl Service {
 
     fn message(&mut self, peer: Rank, msg: Msg) -> Result<(), DsmError> {
         self.local.messages += 1;
+        self.arrived = Some(Instant::now());
+        if let Msg::Grant { page, .. } = msg
+            && let Some(t) = self.posted.remove(&page)
+        {
+            self.local.request_to_grant_ns += t.elapsed().as_nanos() as u64;
+        }
         match msg {
             Msg::Barrier { epoch, round } => self.shared.update(|w| {
                 *w.barrier.entry((epoch, round)).or_default() += 1;
@@ -431,6 +463,9 @@ impl Service {
                 }
                 self.tx.send_page(to, slot, snap)?;
                 self.local.pages_sent += 1;
+                if let Some(t) = self.arrived {
+                    self.local.serve_ns += t.elapsed().as_nanos() as u64;
+                }
             }
             Action::Install {
                 page,
@@ -443,14 +478,19 @@ impl Service {
                 };
                 // SAFETY: `src` is a page of the zero buffer or of the staging region; the
                 // destination is a page of the registered range that the core says is absent.
+                let t = Instant::now();
                 unsafe { self.faults.install(self.addr(page), src, page_len, write) }
                     .map_err(|e| os("installing a page", e))?;
                 self.local.installs += 1;
+                self.local.install_ns += t.elapsed().as_nanos() as u64;
             }
-            Action::Upgrade { page } => self
-                .faults
-                .unprotect(self.addr(page), page_len)
-                .map_err(|e| os("unprotecting a page", e))?,
+            Action::Upgrade { page } => {
+                let t = Instant::now();
+                self.faults
+                    .unprotect(self.addr(page), page_len)
+                    .map_err(|e| os("unprotecting a page", e))?;
+                self.local.install_ns += t.elapsed().as_nanos() as u64;
+            }
             Action::Protect { page } => self
                 .faults
                 .protect(self.addr(page), page_len)

@@ -323,3 +323,71 @@ mod tests {
         assert!(out.is_empty());
     }
 }
+
+#[cfg(test)]
+mod costs {
+    //! `cargo test -p braid-dsm --release --lib uffd_costs -- --ignored --nocapture`:
+    //! what each primitive costs on this machine (no waiters involved).
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    #[ignore]
+    fn uffd_costs() {
+        let f = Faults::open(false).unwrap();
+        const PAGE: usize = 4096;
+        let n = 20_000;
+        let len = n * PAGE;
+        // SAFETY: fresh mapping, checked.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        } as *mut u8;
+        f.register(base, len).unwrap();
+        let src = vec![1u8; PAGE];
+        let per = |t: Instant| t.elapsed().as_nanos() as f64 / n as f64 / 1000.0;
+        let t = Instant::now();
+        for i in 0..n {
+            unsafe { f.install(base.add(i * PAGE), src.as_ptr(), PAGE, false) }.unwrap();
+        }
+        println!("UFFDIO_COPY (WP) fresh page: {:.2} us", per(t));
+        let t = Instant::now();
+        for i in 0..n {
+            f.unprotect(unsafe { base.add(i * PAGE) }, PAGE).unwrap();
+        }
+        println!("unprotect: {:.2} us", per(t));
+        let t = Instant::now();
+        for i in 0..n {
+            f.protect(unsafe { base.add(i * PAGE) }, PAGE).unwrap();
+        }
+        println!("protect: {:.2} us", per(t));
+        let mut dst = vec![0u8; PAGE];
+        let t = Instant::now();
+        for i in 0..n {
+            unsafe { std::ptr::copy_nonoverlapping(base.add(i * PAGE), dst.as_mut_ptr(), PAGE) };
+        }
+        println!("memcpy out of a page: {:.2} us", per(t));
+        let t = Instant::now();
+        for i in 0..n {
+            drop_pages(unsafe { base.add(i * PAGE) }, PAGE).unwrap();
+        }
+        println!("MADV_DONTNEED: {:.2} us", per(t));
+        let t = Instant::now();
+        for i in 0..n {
+            unsafe { f.install(base.add(i * PAGE), src.as_ptr(), PAGE, true) }.unwrap();
+        }
+        println!("UFFDIO_COPY again (after drop): {:.2} us", per(t));
+        let t = Instant::now();
+        for i in 0..n {
+            f.wake(unsafe { base.add(i * PAGE) }, PAGE).unwrap();
+        }
+        println!("UFFDIO_WAKE (no waiter): {:.2} us", per(t));
+        unsafe { libc::munmap(base.cast(), len) };
+    }
+}
