@@ -43,6 +43,7 @@ mod api;
 pub mod capi;
 mod config;
 mod error;
+pub mod litmus;
 pub mod proto;
 mod runtime;
 

@@ -58,6 +58,7 @@ fn run_scenario(name: &str) -> R {
         "dead_rank" => dead_rank(),
         "segv" => segv(),
         "unprivileged" => unprivileged(),
+        "litmus" => litmus_short(),
         _ => Err(format!("unknown scenario {name}").into()),
     }
 }
@@ -252,6 +253,30 @@ fn segv() -> R {
     Err("survived a write outside every allocation".into())
 }
 
+/// A short litmus run (the survey is the `litmus` example): nothing SC forbids.
+fn litmus_short() -> R {
+    use braid_dsm::litmus::{self, Settings, Test};
+    let dsm = Dsm::init()?;
+    let s = Settings {
+        iterations: 1500,
+        batch: 500,
+        ..Settings::default()
+    };
+    for t in [Test::Sb, Test::Mp, Test::Iriw] {
+        let tally = litmus::run(&dsm, t, s)?;
+        if dsm.rank() == 0 {
+            println!("{}", tally.to_json());
+            check(
+                tally.forbidden() == 0,
+                format!("forbidden outcome seen: {}", tally.to_json()),
+            )?;
+            check(tally.iterations == 1500, "all iterations counted")?;
+        }
+    }
+    dsm.finalize()?;
+    Ok(())
+}
+
 /// Without permission for userfaultfd, init names the sysctl.
 fn unprivileged() -> R {
     // SAFETY: dropping to nobody in this child process only.
@@ -342,4 +367,14 @@ fn userfaultfd_not_permitted_names_the_sysctl() {
         "{:?}",
         rs[0]
     );
+}
+
+#[test]
+fn litmus_sb_mp_iriw_short() {
+    if !uffd_available() {
+        return;
+    }
+    let rs = run_job(ENTRY, "litmus", 2, &[], Duration::from_secs(180));
+    assert_all_ok("litmus", &rs);
+    print!("{}", rs[0].stdout);
 }
