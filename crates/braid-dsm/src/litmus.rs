@@ -179,7 +179,7 @@ pub fn run(dsm: &Dsm, test: Test, s: Settings) -> Result<Tally, DsmError> {
     let mut batch_no = 0u64;
     while done < s.iterations {
         let k = s.batch.min(s.iterations - done);
-        let policy = if batch_no % 2 == 0 {
+        let policy = if batch_no.is_multiple_of(2) {
             HomePolicy::Cyclic
         } else {
             HomePolicy::Block
