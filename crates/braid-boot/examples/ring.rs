@@ -9,10 +9,11 @@
 //! ```
 //! (or under `mpirun`, see `docs/LAUNCH.md`). Without a launcher it runs as a job of one.
 
+use std::collections::HashMap;
 use std::error::Error;
 use std::time::Duration;
 
-use braid::{Access, CompletionKind, Context, RemoteKey};
+use braid::{Access, CompletionKind, CompletionQueue, Context, RemoteKey};
 use braid_boot::{LaunchEnv, World, WorldOptions};
 
 const SLOT: usize = 64;
@@ -28,17 +29,34 @@ fn pattern(rank: usize, slot: usize) -> Vec<u8> {
 }
 
 fn main() {
-    if let Err(e) = run() {
+    let joined = LaunchEnv::from_env()
+        .map_err(Box::<dyn Error>::from)
+        .and_then(|env| {
+            let ctx = Context::new()?;
+            let cq = ctx.create_cq(64);
+            let world = World::join(&ctx, &env, &WorldOptions::new(&cq))?;
+            Ok((ctx, cq, world))
+        });
+    let (ctx, cq, world) = match joined {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("ring: error: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = ring(&ctx, &cq, &world) {
+        eprintln!("ring: rank {} error: {e}", world.rank());
+        // The other ranks' next collective fails with this reason.
+        world.abort_job(&e.to_string());
+        std::process::exit(1);
+    }
+    if let Err(e) = world.finalize() {
         eprintln!("ring: error: {e}");
         std::process::exit(1);
     }
 }
 
-fn run() -> Result<(), Box<dyn Error>> {
-    let env = LaunchEnv::from_env()?;
-    let ctx = Context::new()?;
-    let cq = ctx.create_cq(64);
-    let world = World::join(&ctx, &env, &WorldOptions::new(&cq))?;
+fn ring(ctx: &Context, cq: &CompletionQueue, world: &World) -> Result<(), Box<dyn Error>> {
     let (rank, size) = (world.rank(), world.size());
     let region = ctx.alloc_region(4096, Access::all())?;
 
@@ -70,42 +88,40 @@ fn run() -> Result<(), Box<dyn Error>> {
         to_right.write(2, &[staging.slice(0, SLOT)?], &keys[right], 0)?;
         to_left.write(3, &[staging.slice(SLOT, SLOT)?], &keys[left], SLOT as u64)?;
 
-        let writes = std::cell::Cell::new(0);
-        let wait_for = |want: CompletionKind| -> Result<(), Box<dyn Error>> {
-            loop {
-                let c = cq.wait(WAIT).ok_or("no completion within 30 s")?;
+        // Completions arrive in any order across endpoints (the token can come back to rank 0
+        // before its own send's completion): count each kind, wait until one is there.
+        let mut seen: HashMap<CompletionKind, usize> = HashMap::new();
+        let mut wait_for = |want: CompletionKind, count: usize| -> Result<(), Box<dyn Error>> {
+            while seen.get(&want).copied().unwrap_or(0) < count {
+                let c = cq
+                    .wait(WAIT)
+                    .ok_or_else(|| format!("no {want:?} completion within {WAIT:?}"))?;
                 if !c.status.is_ok() {
                     return Err(
                         format!("{:?} (wr {}) failed: {:?}", c.kind, c.wr_id, c.status).into(),
                     );
                 }
-                if c.kind == CompletionKind::Write {
-                    writes.set(writes.get() + 1);
-                }
-                if c.kind == want {
-                    return Ok(());
-                }
+                *seen.entry(c.kind).or_default() += 1;
             }
+            Ok(())
         };
         // The token: rank 0 starts it, every rank adds rank + 1 and passes it on.
         if rank != 0 {
-            wait_for(CompletionKind::Recv)?;
+            wait_for(CompletionKind::Recv, 1)?;
             let mut b = [0u8; 8];
             region.read_at(TOKEN_IN, &mut b)?;
             token = u64::from_le_bytes(b) + rank as u64 + 1;
         }
         region.write_at(TOKEN_OUT, &token.to_le_bytes())?;
         to_right.send(4, &[region.slice(TOKEN_OUT, 8)?])?;
-        wait_for(CompletionKind::Send)?;
+        wait_for(CompletionKind::Send, 1)?;
         if rank == 0 {
-            wait_for(CompletionKind::Recv)?;
+            wait_for(CompletionKind::Recv, 1)?;
             let mut b = [0u8; 8];
             region.read_at(TOKEN_IN, &mut b)?;
             token = u64::from_le_bytes(b);
         }
-        while writes.get() < 2 {
-            wait_for(CompletionKind::Write)?;
-        }
+        wait_for(CompletionKind::Write, 2)?;
         // Every rank's writes are complete (placed at the target) once all pass the barrier.
         world.barrier()?;
         if region.to_vec(0, SLOT)? != pattern(left, 0) {
@@ -134,6 +150,5 @@ fn run() -> Result<(), Box<dyn Error>> {
     } else {
         println!("ring: rank 0/1: a job of one, nothing to pass");
     }
-    world.finalize()?;
     Ok(())
 }

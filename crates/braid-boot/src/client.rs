@@ -336,11 +336,29 @@ impl RootLink {
         }
     }
 
-    /// Tells the rendezvous that this rank failed (best effort): every rank learns it.
-    pub(crate) fn abort(&self, reason: &str) {
+    /// Tells the rendezvous that this rank failed, and waits (at most `wait`) until the
+    /// rendezvous has told every rank: its broadcast comes back here too (to rank 0 last).
+    pub(crate) fn abort(&self, reason: &str, wait: Duration) {
         let mut r = reason.to_owned();
-        r.truncate(4000);
-        let _ = self.send(&ClientMsg::Abort { reason: r });
+        if r.len() > 4000 {
+            let mut cut = 4000;
+            while !r.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            r.truncate(cut);
+        }
+        if self.send(&ClientMsg::Abort { reason: r }).is_err() {
+            return;
+        }
+        let deadline = Instant::now() + wait;
+        let mut st = self.shared.state.lock().expect("link lock");
+        while Self::failure_of(&st).is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = self.shared.cv.wait_timeout(st, left).expect("link lock").0;
+        }
     }
 
     /// Leaves cleanly and closes the link.

@@ -85,6 +85,9 @@ impl std::fmt::Debug for World {
     }
 }
 
+/// Bound on waiting for the rendezvous to pass an abort on.
+const ABORT_WAIT: Duration = Duration::from_secs(1);
+
 /// How long a rank 0 whose join failed keeps telling late ranks why.
 const FAILED_LINGER: Duration = Duration::from_secs(3);
 
@@ -359,7 +362,7 @@ impl World {
                 }
             });
         let formed = match link_table {
-            Ok(table) => world.form_mesh(ctx, opts, deadline, &table),
+            Ok(table) => world.form_mesh(ctx, opts, deadline, timeout, &table),
             Err(e) => Err(e),
         };
         match formed {
@@ -380,7 +383,7 @@ impl World {
         if let Some(l) = &self.link
             && l.failure().is_none()
         {
-            l.abort(&e.to_string());
+            l.abort(&e.to_string(), ABORT_WAIT);
         }
     }
 
@@ -397,6 +400,7 @@ impl World {
         ctx: &Context,
         opts: &WorldOptions,
         deadline: Instant,
+        timeout: Duration,
         table: &[TableEntry],
     ) -> Result<(), BootError> {
         self.hosts = table.iter().map(|t| t.info.hostname.clone()).collect();
@@ -449,7 +453,7 @@ impl World {
                         "accepting endpoints: {} of the {expected} higher ranks connected",
                         accepted.len()
                     ),
-                    waited: opts.join_timeout,
+                    waited: timeout,
                 });
             }
             // Short waits, so that a failure elsewhere ends this one promptly.
@@ -565,11 +569,12 @@ impl World {
         }
     }
 
-    /// Reports this rank's failure to every other rank (their next collective, and
-    /// [`World::check`], fail with [`BootError::RankFailed`] and `reason`).
+    /// Reports this rank's failure to every other rank: their next collective, and
+    /// [`World::check`], fail with [`BootError::RankFailed`] and `reason`. Returns once the
+    /// rendezvous has passed it on (at most about a second), so the process may exit next.
     pub fn abort_job(&self, reason: &str) {
         if let Some(l) = &self.link {
-            l.abort(reason);
+            l.abort(reason, ABORT_WAIT);
         }
     }
 

@@ -451,3 +451,26 @@ fn ranks_exchange_messages_over_the_mesh() {
         h.join().unwrap().unwrap();
     }
 }
+
+#[test]
+fn an_aborting_rank_tells_everyone_why() {
+    let port = free_port();
+    let r0 = spawn_rank(env(0, 3, port, "why", 20.0), |_, w| {
+        let e = w.barrier().unwrap_err();
+        assert!(
+            matches!(&e, BootError::RankFailed { rank: 2, reason } if reason == "out of memory"),
+            "{e}"
+        );
+    });
+    let r1 = spawn_rank(env(1, 3, port, "why", 20.0), |_, w| {
+        let e = w.allgather(b"x").unwrap_err();
+        assert!(matches!(&e, BootError::RankFailed { rank: 2, .. }), "{e}");
+    });
+    let r2 = spawn_rank(env(2, 3, port, "why", 20.0), |_, w| {
+        w.abort_job("out of memory");
+        assert!(w.check().is_err());
+    });
+    for h in [r0, r1, r2] {
+        h.join().unwrap().unwrap();
+    }
+}

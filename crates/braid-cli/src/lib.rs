@@ -7,5 +7,6 @@ pub mod chart;
 pub mod demo;
 pub mod parse;
 pub mod report;
+pub mod run;
 pub mod soak;
 pub mod testbed;

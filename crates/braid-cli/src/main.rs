@@ -51,9 +51,41 @@ enum Cmd {
     /// Reliability soak on a testbed it makes itself: a random verified operation mix under a
     /// link flap; or --failover-transfer (goodput before/after a rail's loss); or --kill-peer.
     Soak(braid_cli::soak::SoakArgs),
+    /// Launch N ranks of a program (like torchrun): on loopback, or spread over the hosts of
+    /// a standing testbed, with BRAID_RANK/SIZE/ROOT/JOB set; output prefixed by `[rank] `.
+    Run(RunArgs),
     /// Internal: the target process of `braid soak --kill-peer`.
     #[command(hide = true)]
     SoakPeer(braid_cli::soak::PeerArgs),
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Number of ranks.
+    #[arg(short = 'n', long = "np")]
+    ranks: usize,
+    /// Spread the ranks over this standing testbed's hosts (rank i on host i % K, each
+    /// inside its host's network namespace).
+    #[arg(long)]
+    testbed: Option<String>,
+    /// End the job after this many seconds (exit status 124).
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// Rendezvous port on rank 0's host (default: a free one).
+    #[arg(long)]
+    port: Option<u16>,
+    /// Job id (default: run-<pid>-<random>).
+    #[arg(long)]
+    job: Option<String>,
+    /// BRAID_RAILS for every rank: IP[/PREFIX],... (default: each host's interfaces).
+    #[arg(long)]
+    rails: Option<String>,
+    /// Seconds between SIGTERM and SIGKILL when ending ranks.
+    #[arg(long, default_value_t = 5.0)]
+    grace: f64,
+    /// The program and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    program: Vec<std::ffi::OsString>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -362,5 +394,19 @@ fn real_main() -> Result<()> {
         Cmd::Bench { cmd } => bench::run(cmd),
         Cmd::Soak(a) => braid_cli::soak::main(&a),
         Cmd::SoakPeer(a) => braid_cli::soak::peer_main(&a),
+        Cmd::Run(a) => {
+            let opts = braid_cli::run::RunOpts {
+                ranks: a.ranks,
+                testbed: a.testbed,
+                timeout: a.timeout.map(|t| secs(t, "--timeout")).transpose()?,
+                port: a.port,
+                job: a.job,
+                rails: a.rails,
+                grace: secs(a.grace, "--grace")?,
+                program: a.program,
+            };
+            let code = braid_cli::run::run(&opts)?;
+            std::process::exit(code);
+        }
     }
 }

@@ -334,9 +334,18 @@ impl RootCore {
         self.broadcast(ServerMsg::Failed(f));
     }
 
+    /// Sends `msg` to every rank still connected, rank 0 last: rank 0 hosts the rendezvous,
+    /// so once it has a broadcast, every other rank's copy has been written.
     fn broadcast(&mut self, msg: ServerMsg) {
-        for m in self.members.iter().flatten().filter(|m| !m.gone) {
-            self.out.push(Action::Send(m.conn, msg.clone()));
+        let mut live: Vec<(usize, ConnId)> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter_map(|(r, m)| m.as_ref().filter(|m| !m.gone).map(|m| (r, m.conn)))
+            .collect();
+        live.sort_by_key(|&(r, _)| (r == 0, r));
+        for (_, conn) in live {
+            self.out.push(Action::Send(conn, msg.clone()));
         }
     }
 }
@@ -598,5 +607,7 @@ mod tests {
         let f = failures(&c.take_actions());
         assert_eq!(f.len(), 2);
         assert!(matches!(&f[1].1, Failure::RankAborted { rank: 0, reason } if reason == "boom"));
+        // Rank 0 (the host of the rendezvous) hears of it last.
+        assert_eq!((f[0].0, f[1].0), (1, 0));
     }
 }
