@@ -34,8 +34,9 @@ pub struct DsmConfig {
     /// Page requests a rank may have in flight at once; further faults wait (default 256).
     pub slots: u32,
     /// How long the service thread keeps polling after activity before it sleeps (default
-    /// 50 µs). While a request of this rank is in flight it polls until the answer comes
-    /// (at most 2 ms), so the answer needs no thread wake-up.
+    /// 200 µs). While a request of this rank is in flight it polls until the answer comes
+    /// (at most 2 ms), so the answer needs no thread wake-up. Polling yields the processor
+    /// to any other runnable thread (`sched_yield`), so it costs little on a busy machine.
     pub spin: Duration,
     /// Accept a userfaultfd that handles user-mode faults only, as an unprivileged process
     /// gets with `vm.unprivileged_userfaultfd = 0`. System calls that touch an absent shared
@@ -51,7 +52,7 @@ impl Default for DsmConfig {
             home: HomePolicy::Block,
             locks: 65536,
             slots: 256,
-            spin: Duration::from_micros(50),
+            spin: Duration::from_micros(200),
             user_faults_only: false,
         }
     }

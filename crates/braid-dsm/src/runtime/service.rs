@@ -74,6 +74,10 @@ pub(crate) struct Service {
     posted: std::collections::HashMap<PageId, Instant>,
     /// When the message being handled arrived.
     arrived: Option<Instant>,
+    /// `Confirm`s not sent yet: they go out after the next round's fault requests, so a
+    /// thread woken by an install gets its next request out first. The home needs one
+    /// only before it serves that page again.
+    confirms: Vec<(Rank, Msg)>,
 }
 
 impl Service {
@@ -107,6 +111,7 @@ impl Service {
             local: ServiceStats::default(),
             posted: std::collections::HashMap::new(),
             arrived: None,
+            confirms: Vec::new(),
         }
     }
 
@@ -137,9 +142,9 @@ impl Service {
                 if let Err(e) = self.tx.world.check() {
                     self.failed(e.to_string());
                 }
-                *self.stats.lock() = self.local;
             }
             if active {
+                *self.stats.lock() = self.local;
                 last_active = Instant::now();
                 continue;
             }
@@ -158,12 +163,17 @@ impl Service {
             }
             self.sleep(&waker);
         }
+        for (to, msg) in std::mem::take(&mut self.confirms) {
+            let _ = self.tx.send(to, &msg);
+        }
+        let _ = self.tx.flush();
         *self.stats.lock() = self.local;
     }
 
     /// One pass over every source of events; true if anything happened.
     fn round(&mut self, buf: &mut EventBuffer, faults: &mut Vec<Fault>) -> Result<bool, DsmError> {
         let mut active = false;
+        let confirms = std::mem::take(&mut self.confirms);
         faults.clear();
         self.faults
             .read(buf, faults)
@@ -171,6 +181,10 @@ impl Service {
         for f in faults.iter() {
             active = true;
             self.fault(*f)?;
+        }
+        for (to, msg) in confirms {
+            active = true;
+            self.tx.send(to, &msg)?;
         }
         let reqs = {
             let mut q = self.shared.requests.lock();
@@ -449,6 +463,10 @@ impl Service {
         let page_len = self.page;
         let os = |what: &str, e| DsmError::Os(format!("{what} ({a:?})"), e);
         match a {
+            Action::Send {
+                to,
+                msg: msg @ Msg::Confirm { .. },
+            } => self.confirms.push((to, msg)),
             Action::Send { to, msg } => self.tx.send(to, &msg)?,
             Action::SendPage {
                 to,
