@@ -1,0 +1,41 @@
+#!/bin/sh
+# Build libbraid_dsm and the C example, then run it as N ranks on loopback, setting the
+# launcher environment by hand (what `braid run -n N` or mpirun would do): BRAID_RANK,
+# BRAID_SIZE, BRAID_ROOT, BRAID_JOB. Bounded by `timeout`; fails if any rank fails.
+# Skips (exit 0) where userfaultfd is not permitted.
+set -eu
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+N=${N:-3}
+OUT=$(mktemp -d /tmp/dsm-c.XXXXXX)
+trap 'rm -rf "$OUT"' EXIT INT TERM
+
+cargo build --release -q -p braid-dsm
+cc -O2 -Wall -Wextra -I include examples/c/dsm_hello.c -o "$OUT/dsm_hello" -L target/release -lbraid_dsm
+# The static library links too.
+cc -O2 -Wall -Wextra -I include examples/c/dsm_hello.c -o "$OUT/dsm_hello_static" \
+    target/release/libbraid_dsm.a -lpthread -ldl -lm
+export LD_LIBRARY_PATH="$ROOT/target/release${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+for prog in dsm_hello dsm_hello_static; do
+    PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    pids=""
+    r=0
+    while [ "$r" -lt "$N" ]; do
+        BRAID_RANK=$r BRAID_SIZE=$N BRAID_ROOT=127.0.0.1:$PORT BRAID_JOB="dsm-c-$$-$prog" \
+            timeout 60 "$OUT/$prog" > "$OUT/$prog.$r.log" 2>&1 &
+        pids="$pids $!"
+        r=$((r + 1))
+    done
+    fail=0
+    for p in $pids; do wait "$p" || fail=1; done
+    if [ "$fail" != 0 ]; then
+        if grep -q "vm.unprivileged_userfaultfd" "$OUT/$prog.0.log"; then
+            echo "run_dsm: skipped: userfaultfd not permitted"; exit 0
+        fi
+        cat "$OUT"/$prog.*.log >&2
+        echo "run_dsm: $prog failed" >&2
+        exit 1
+    fi
+    cat "$OUT"/$prog.*.log
+done
