@@ -434,17 +434,26 @@ fn session_config(peer_timeout: Duration) -> SessionConfig {
     }
 }
 
-/// Connects `n` endpoints; `sopts`/`copts` name the queues of each side.
+/// The contexts of host 1 (server) and host 0 (client), each made in its host's namespace.
+fn contexts(net: &Net) -> Result<(Context, Context)> {
+    let s = join(net.spawn(1, || Ok(Context::new()?))?)?;
+    let c = join(net.spawn(0, || Ok(Context::new()?))?)?;
+    Ok((s, c))
+}
+
+/// Connects `n` endpoints of the contexts `sctx` (host 1) and `cctx` (host 0);
+/// `sopts`/`copts` name the queues of each side.
 fn connect_pair(
     net: &Net,
     n: usize,
+    (sctx, cctx): (Context, Context),
     sopts: EndpointOptions,
     copts: EndpointOptions,
 ) -> Result<Pair> {
     let addrs = net.server_addrs();
     let (tx, rx) = mpsc::channel::<Vec<SocketAddr>>();
     let server = net.spawn(1, move || -> Result<(Context, Listener, Vec<Endpoint>)> {
-        let ctx = Context::new()?;
+        let ctx = sctx;
         let listener = ctx.listen(&addrs).context("listening in host 1")?;
         let _ = tx.send(listener.local_addrs());
         let mut eps = Vec::new();
@@ -467,7 +476,7 @@ fn connect_pair(
             .zip(&ips)
             .map(|(a, ip)| RailAddr::new(Some(*ip), *a))
             .collect();
-        let ctx = Context::new()?;
+        let ctx = cctx;
         let mut eps = Vec::new();
         for _ in 0..n {
             eps.push(
@@ -1368,7 +1377,7 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
     let mut copts = EndpointOptions::new(&csq).with_recv_cq(&crq);
     copts.session = cfg;
     copts.connect_timeout = Duration::from_secs(5);
-    let pair = connect_pair(&net, n, sopts, copts)?;
+    let pair = connect_pair(&net, n, contexts(&net)?, sopts, copts)?;
 
     let targets: Vec<Region> = (0..n)
         .map(|_| pair.sctx.alloc_region(region_len, Access::all()))
@@ -1850,27 +1859,25 @@ pub fn failover_transfer(a: &SoakArgs) -> Result<TransferReport> {
     sopts.session = session_config(peer_timeout);
     let mut copts = EndpointOptions::new(&csq);
     copts.session = session_config(peer_timeout);
-    let pair = connect_pair(&net, 1, sopts, copts)?;
+    let (sctx, cctx) = contexts(&net)?;
     // Resident from the start, as verbs registration pins memory: the goodput figures measure
     // the rails, not the first-touch page faults of the target, which the receiving engine
     // thread would otherwise take inside the measured intervals (on a VM whose host backs
     // guest memory lazily, 2-3x dearer for pages the guest never touched, so "before" and
-    // "after" would each pay a different, unpredictable share).
-    let target = pair
-        .sctx
-        .alloc_region_with(total, Access::all(), RESIDENT)?;
+    // "after" would each pay a different, unpredictable share). Made before the endpoints:
+    // populating 1 GiB takes seconds on a loaded machine, and nothing is to run meanwhile.
+    let target = sctx.alloc_region_with(total, Access::all(), RESIDENT)?;
     let key = target.remote_key();
     // Source buffers: NSRC patterns; a buffer is rewritten (stamped) only while unused.
     const NSRC: usize = 16;
     let depth = depth.min(NSRC / 2);
-    let src = pair
-        .cctx
-        .alloc_region_with(NSRC * op, Access::all(), RESIDENT)?;
+    let src = cctx.alloc_region_with(NSRC * op, Access::all(), RESIDENT)?;
     let mut pat = vec![0u8; op];
     for s in 0..NSRC {
         fill(0xFA11_0000 + s as u64, &mut pat);
         src.write_at(s * op, &pat)?;
     }
+    let pair = connect_pair(&net, 1, (sctx, cctx), sopts, copts)?;
     let ep = pair.ceps[0].clone();
     let t_fail_cell = Arc::new(Mutex::new(None::<Instant>));
     let job = {
