@@ -25,8 +25,8 @@
 //!   `peer_timeout` + 1 s of the signal.
 //!
 //! Threads that use braid run inside the namespace of their host (created with
-//! [`Testbed::spawn_in`]): a thread that notices a failed rail may start the re-dial thread,
-//! which inherits its network namespace.
+//! [`Testbed::spawn_in`]). A failed rail is re-dialled from the namespace its endpoint was
+//! connected in, whichever thread (of whichever namespace) noticed the failure.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Write as _};
@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, anyhow, bail};
 use braid::{
     Access, Completion, CompletionKind, CompletionQueue, Context, Endpoint, EndpointOptions,
-    Listener, RailAddr, Region, RemoteKey, SessionConfig, Sge, Status,
+    Listener, RailAddr, Region, RegionOptions, RemoteKey, SessionConfig, Sge, Status,
 };
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
@@ -58,6 +58,12 @@ const SEND_HDR: usize = 32;
 const SEND_MAGIC: u32 = 0x534F_414B;
 /// Bounded waits for set-up steps.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
+/// Regions whose pages are resident from the start (`MAP_POPULATE`), as verbs registration
+/// pins memory.
+const RESIDENT: RegionOptions = RegionOptions {
+    huge_pages: false,
+    populate: true,
+};
 /// Gap between the pieces of a scatter/gather list in the local slot.
 const SG_GAP: usize = 64;
 
@@ -428,17 +434,26 @@ fn session_config(peer_timeout: Duration) -> SessionConfig {
     }
 }
 
-/// Connects `n` endpoints; `sopts`/`copts` name the queues of each side.
+/// The contexts of host 1 (server) and host 0 (client), each made in its host's namespace.
+fn contexts(net: &Net) -> Result<(Context, Context)> {
+    let s = join(net.spawn(1, || Ok(Context::new()?))?)?;
+    let c = join(net.spawn(0, || Ok(Context::new()?))?)?;
+    Ok((s, c))
+}
+
+/// Connects `n` endpoints of the contexts `sctx` (host 1) and `cctx` (host 0);
+/// `sopts`/`copts` name the queues of each side.
 fn connect_pair(
     net: &Net,
     n: usize,
+    (sctx, cctx): (Context, Context),
     sopts: EndpointOptions,
     copts: EndpointOptions,
 ) -> Result<Pair> {
     let addrs = net.server_addrs();
     let (tx, rx) = mpsc::channel::<Vec<SocketAddr>>();
     let server = net.spawn(1, move || -> Result<(Context, Listener, Vec<Endpoint>)> {
-        let ctx = Context::new()?;
+        let ctx = sctx;
         let listener = ctx.listen(&addrs).context("listening in host 1")?;
         let _ = tx.send(listener.local_addrs());
         let mut eps = Vec::new();
@@ -461,7 +476,7 @@ fn connect_pair(
             .zip(&ips)
             .map(|(a, ip)| RailAddr::new(Some(*ip), *a))
             .collect();
-        let ctx = Context::new()?;
+        let ctx = cctx;
         let mut eps = Vec::new();
         for _ in 0..n {
             eps.push(
@@ -1362,7 +1377,7 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
     let mut copts = EndpointOptions::new(&csq).with_recv_cq(&crq);
     copts.session = cfg;
     copts.connect_timeout = Duration::from_secs(5);
-    let pair = connect_pair(&net, n, sopts, copts)?;
+    let pair = connect_pair(&net, n, contexts(&net)?, sopts, copts)?;
 
     let targets: Vec<Region> = (0..n)
         .map(|_| pair.sctx.alloc_region(region_len, Access::all()))
@@ -1787,6 +1802,32 @@ fn stamp(buf: &mut [u8], i: u64) {
     }
 }
 
+/// Seconds of writes the failover transfer must have left to measure after the failure is
+/// detected, at the least.
+const FAILOVER_MEASURE_S: f64 = 0.5;
+
+/// Fewest bytes a failover transfer on `spec` needs so that, even at the framing limit of
+/// every rail (tbf lets nothing go faster), writes are still posted after the failure of
+/// `rail` at `fail_after` has been detected, `peer_timeout` later, and go on for
+/// [`FAILOVER_MEASURE_S`]. A smaller transfer passes or fails by chance: when the failed rail
+/// happens to have nothing in flight as its link goes down, nothing waits for the detection,
+/// and the writes may all be done before it.
+fn least_failover_bytes(
+    spec: &TestbedSpec,
+    rail: usize,
+    fail_after: Duration,
+    peer_timeout: Duration,
+) -> f64 {
+    let limit = |skip: Option<usize>| -> f64 {
+        (0..spec.rails())
+            .filter(|&i| Some(i) != skip)
+            .map(|i| testbed::framing_limit_mb_s(spec.rates[i], spec.mtu) * 1e6)
+            .sum()
+    };
+    limit(None) * fail_after.as_secs_f64()
+        + limit(Some(rail)) * (peer_timeout.as_secs_f64() + FAILOVER_MEASURE_S)
+}
+
 /// A stream of verified writes over one endpoint while one rail's link goes down for good.
 pub fn failover_transfer(a: &SoakArgs) -> Result<TransferReport> {
     let peer_timeout = secs(a.peer_timeout, "--peer-timeout")?;
@@ -1802,23 +1843,41 @@ pub fn failover_transfer(a: &SoakArgs) -> Result<TransferReport> {
     let nops = a.transfer_size / op;
     let total = nops * op;
     let net = Net::new(a.rails, a.rate, a.loopback)?;
+    if let Some(tb) = &net.tb {
+        let least = least_failover_bytes(tb.spec(), a.flap_rail, fail_after, peer_timeout);
+        if (total as f64) < least {
+            bail!(
+                "--transfer-size {total} is too small: even at the rails' framing limit the writes must outlast the failure at {:.2} s, its detection (up to --peer-timeout {:.2} s of silence) and {FAILOVER_MEASURE_S} s measured after it, which takes at least {:.0} bytes",
+                fail_after.as_secs_f64(),
+                peer_timeout.as_secs_f64(),
+                least.ceil()
+            );
+        }
+    }
     let (ssq, csq) = (CompletionQueue::new(16), CompletionQueue::new(depth + 16));
     let mut sopts = EndpointOptions::new(&ssq);
     sopts.session = session_config(peer_timeout);
     let mut copts = EndpointOptions::new(&csq);
     copts.session = session_config(peer_timeout);
-    let pair = connect_pair(&net, 1, sopts, copts)?;
-    let target = pair.sctx.alloc_region(total, Access::all())?;
+    let (sctx, cctx) = contexts(&net)?;
+    // Resident from the start, as verbs registration pins memory: the goodput figures measure
+    // the rails, not the first-touch page faults of the target, which the receiving engine
+    // thread would otherwise take inside the measured intervals (on a VM whose host backs
+    // guest memory lazily, 2-3x dearer for pages the guest never touched, so "before" and
+    // "after" would each pay a different, unpredictable share). Made before the endpoints:
+    // populating 1 GiB takes seconds on a loaded machine, and nothing is to run meanwhile.
+    let target = sctx.alloc_region_with(total, Access::all(), RESIDENT)?;
     let key = target.remote_key();
     // Source buffers: NSRC patterns; a buffer is rewritten (stamped) only while unused.
     const NSRC: usize = 16;
     let depth = depth.min(NSRC / 2);
-    let src = pair.cctx.alloc_region(NSRC * op, Access::all())?;
+    let src = cctx.alloc_region_with(NSRC * op, Access::all(), RESIDENT)?;
     let mut pat = vec![0u8; op];
     for s in 0..NSRC {
         fill(0xFA11_0000 + s as u64, &mut pat);
         src.write_at(s * op, &pat)?;
     }
+    let pair = connect_pair(&net, 1, (sctx, cctx), sopts, copts)?;
     let ep = pair.ceps[0].clone();
     let t_fail_cell = Arc::new(Mutex::new(None::<Instant>));
     let job = {
@@ -1967,7 +2026,11 @@ pub fn failover_transfer(a: &SoakArgs) -> Result<TransferReport> {
             "the transfer ended before the failure was injected (use a larger --transfer-size)"
                 .into(),
         ),
-        (Some(_), None) => errors.push("the failed rail was never seen dead".into()),
+        (Some(f), None) => errors.push(format!(
+            "the failed rail was never seen dead: the writes ended {:.2} s after its link went down (peer timeout {:.2} s)",
+            last.saturating_duration_since(f).as_secs_f64(),
+            peer_timeout.as_secs_f64()
+        )),
     }
     if !r.rails_alive.iter().any(|x| *x) || ep.is_closed() {
         errors.push("the endpoint failed".into());

@@ -18,6 +18,7 @@ use crate::engine::{Command, EndpointShared, Engine, RailIo};
 use crate::error::Error;
 use crate::mem::registry::random_u64;
 use crate::mem::{Access, Region, RegionOptions, Registry};
+use crate::netns::NetNs;
 use crate::proto::Session;
 use crate::wire::handshake::{
     AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, MAC_LEN, MAX_RAILS, NONCE_LEN, auth_mac,
@@ -206,6 +207,8 @@ impl Context {
             )));
         }
         let session_id = random_u64();
+        // Before dialling: the rails are dialled from this thread's namespace.
+        let netns = NetNs::current();
         let mut streams = Vec::new();
         let mut crc = opts.session.payload_crc;
         for (i, r) in rails.iter().enumerate() {
@@ -228,6 +231,7 @@ impl Context {
             secret: self.inner.secret.clone(),
             engine: self.inner.engine.kicker(),
             busy: Mutex::new(0),
+            netns,
         };
         self.start_endpoint(streams, opts, crc, Some(redial))
     }
@@ -290,6 +294,9 @@ struct Redial {
     engine: Arc<crate::engine::EngineShared>,
     /// Rails being re-dialled (a bit per rail).
     busy: Mutex<u64>,
+    /// Where `connect` dialled the rails; re-dials are made from there too, whichever
+    /// thread noticed the failure (`None`: procfs could not tell; the thread's own is used).
+    netns: Option<NetNs>,
 }
 
 impl Redial {
@@ -312,6 +319,15 @@ impl Redial {
 
     /// Tries once per interval until the rail is back or the endpoint is gone.
     fn run(&self, ep: Weak<EndpointShared>, rail: usize) {
+        if let Some(Err(e)) = self.netns.as_ref().map(NetNs::enter) {
+            // Dialling from another namespace could reach another host: the rail stays down.
+            tracing::warn!(
+                rail,
+                "cannot re-dial: entering the endpoint's network namespace failed: {e}"
+            );
+            *self.busy.lock() &= !(1 << rail);
+            return;
+        }
         let interval = self
             .opts
             .session

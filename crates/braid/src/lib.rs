@@ -40,6 +40,7 @@ mod endpoint;
 mod engine;
 pub mod error;
 pub mod mem;
+mod netns;
 pub mod proto;
 pub mod wire;
 

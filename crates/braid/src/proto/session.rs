@@ -635,6 +635,8 @@ pub struct Session {
     retx_seen: HashSet<(usize, u64)>,
     /// Rails that died and whose sockets the driver must close (a bit per rail).
     dead_pending: u64,
+    /// When [`Session::on_tick`] last ran.
+    last_tick: Option<Instant>,
 }
 
 /// Most writes placed ahead of their turn at once, and how far ahead of the next request to
@@ -766,6 +768,7 @@ impl Session {
             staged_bytes: 0,
             retx_seen: HashSet::new(),
             dead_pending: 0,
+            last_tick: None,
         }
     }
 
@@ -2186,17 +2189,31 @@ impl Session {
         }
     }
 
-    /// Timer work; the driver calls it every few hundred milliseconds or less. Queues
-    /// keepalives on rails that have been quiet, and returns the rails (a bit per rail) that
-    /// received nothing for [`SessionConfig::peer_timeout`]: the driver fails them.
+    /// Timer work; the driver calls it at least every [`SessionConfig::keepalive_interval`].
+    /// Queues keepalives on rails that have been quiet, and returns the rails (a bit per rail)
+    /// that received nothing for [`SessionConfig::peer_timeout`]: the driver fails them.
+    ///
+    /// Only silence this side observed counts. A gap between two calls longer than the
+    /// larger of `keepalive_interval` and a quarter of `peer_timeout` means this side itself
+    /// stopped (its process stopped or starved of CPU, its machine paused); the excess is
+    /// not counted as the peer's silence. Both ends of a test on a loaded 2-core machine
+    /// starved together for 2.7 s, and every rail was declared dead at the next tick.
     pub fn on_tick(&mut self, now: Instant) -> u64 {
         let mut dead = 0;
         if self.failed.is_some() {
             return 0;
         }
+        let slack = self.cfg.keepalive_interval.max(self.cfg.peer_timeout / 4);
+        let unobserved = self.last_tick.map_or(Duration::ZERO, |t| {
+            now.saturating_duration_since(t).saturating_sub(slack)
+        });
+        self.last_tick = Some(now);
         for (i, r) in self.rails.iter_mut().enumerate() {
             if !r.alive {
                 continue;
+            }
+            if let Some(l) = &mut r.last_rx {
+                *l = (*l + unobserved).min(now);
             }
             let last_rx = *r.last_rx.get_or_insert(now);
             let last_tx = *r.last_tx.get_or_insert(now);
@@ -2231,9 +2248,15 @@ impl Session {
 
     /// Notes that payload bytes are arriving on `rail` (a large chunk on a slow rail takes
     /// a while; the rail is not silent).
+    ///
+    /// Before the first [`Session::on_tick`] (which starts the silence clock at its own time)
+    /// there is nothing to refresh: the kernel's time of the last data of a rail that has
+    /// only done its handshake is the handshake's, and an endpoint whose last rail took longer
+    /// than `peer_timeout` to connect had its first rails declared dead at once.
     pub fn on_rx_progress(&mut self, rail: usize, now: Instant) {
-        let r = &mut self.rails[rail];
-        r.last_rx = Some(r.last_rx.map_or(now, |l| l.max(now)));
+        if let Some(l) = &mut self.rails[rail].last_rx {
+            *l = (*l).max(now);
+        }
     }
 
     /// Rails that were stalled and may now proceed (a bit per rail); clears the set.
