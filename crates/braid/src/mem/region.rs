@@ -292,6 +292,19 @@ impl Region {
         Self::allocate(registry, len, access, RegionOptions::default())
     }
 
+    /// Maps and registers a range of a file in `registry` directly, without a
+    /// [`crate::Context`] (see [`crate::Context::register_file`] for the rules): for drivers
+    /// of a bare [`crate::proto::Session`] such as simulations.
+    pub fn register_file_in(
+        registry: &Arc<Registry>,
+        file: impl std::os::fd::AsFd,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<Region, Error> {
+        Self::map_file(registry, file, offset, len, access)
+    }
+
     pub(crate) fn allocate(
         registry: &Arc<Registry>,
         len: usize,

@@ -1896,23 +1896,8 @@ impl Session {
             });
         }
         if h.seq > self.frontier {
-            if self.recovering && self.staged_bytes + h.payload_len as u64 <= self.cfg.max_staged {
-                let data = StagingBuf::new(h.payload_len as usize);
-                if h.payload_len == 0 {
-                    self.staged
-                        .entry(h.seq)
-                        .or_default()
-                        .push_back(Staged { h: *h, data });
-                    return Ok(RxAction::Done);
-                }
-                self.staged_bytes += h.payload_len as u64;
-                let iov = vec![(data.ptr, data.len)];
-                self.rails[rail].rx_keep = Some(Keep::Staging(data.clone()));
-                self.rails[rail].rx_pending = Some(RxPending::Staged(Staged { h: *h, data }));
-                return Ok(RxAction::Place(Placement {
-                    iov,
-                    fragile: false,
-                }));
+            if let Some(action) = self.stage_incoming(rail, h) {
+                return Ok(action);
             }
             if !self.recovering
                 && h.flags & FLAG_EARLY != 0
@@ -2002,7 +1987,11 @@ impl Session {
             self.start_early(h.seq);
         }
         if self.cur.is_none() && h.opcode == Opcode::WriteVData {
-            // Its descriptor has not arrived, or waits (see `exec_descriptor`).
+            // Its descriptor has not arrived, or waits (see `exec_descriptor`). After a rail
+            // loss the descriptor may be resent behind this very chunk: copy it aside.
+            if let Some(action) = self.stage_incoming(rail, h) {
+                return Ok(action);
+            }
             return Ok(RxAction::Stall);
         }
         if self.cur.is_none() {
@@ -2106,6 +2095,27 @@ impl Session {
         };
         self.rails[rail].rx_keep = keep;
         Ok(action)
+    }
+
+    /// After a rail loss, a request that cannot execute yet is copied aside (within
+    /// `max_staged`) instead of stalling its rail, which may carry what it waits for.
+    fn stage_incoming(&mut self, rail: usize, h: &FrameHeader) -> Option<RxAction> {
+        if !self.recovering || self.staged_bytes + h.payload_len as u64 > self.cfg.max_staged {
+            return None;
+        }
+        let data = StagingBuf::new(h.payload_len as usize);
+        if h.payload_len == 0 {
+            self.stage(Staged { h: *h, data });
+            return Some(RxAction::Done);
+        }
+        self.staged_bytes += h.payload_len as u64;
+        let iov = vec![(data.ptr, data.len)];
+        self.rails[rail].rx_keep = Some(Keep::Staging(data.clone()));
+        self.rails[rail].rx_pending = Some(RxPending::Staged(Staged { h: *h, data }));
+        Some(RxAction::Place(Placement {
+            iov,
+            fragile: false,
+        }))
     }
 
     /// A write chunk the initiator allows ahead of its turn: checked as its execution will
@@ -2728,6 +2738,11 @@ impl Session {
                         self.fail(Status::TransportError);
                     }
                 }
+                return;
+            }
+            if st.h.opcode == Opcode::WriteVData && self.cur.is_none() {
+                // Its descriptor has not executed yet; that brings us back here.
+                self.staged.entry(st.h.seq).or_default().push_front(st);
                 return;
             }
             // Run the request as if it had just arrived, without disturbing the rail's own
