@@ -295,7 +295,7 @@ struct OutOp {
     wr_id: u64,
     kind: CompletionKind,
     opcode: Opcode,
-    local: Vec<Sge>,
+    local: Arc<[Sge]>,
     rkey: u64,
     addr: u64,
     arg0: u64,
@@ -309,6 +309,9 @@ struct OutOp {
     early: bool,
     /// Vectored operations: the encoded remote scatter/gather list (the descriptor payload).
     desc: Option<Arc<[u8]>>,
+    /// Writes: the remote ranges `(key, start, end)` it writes (to tell whether a later
+    /// write commutes with it; see `SessionConfig::relaxed_placement`).
+    ranges: Vec<(u64, u64, u64)>,
     /// Read: the target serves it from file pages and ends it with a trailing `Done`.
     expect_trailer: bool,
     /// Read: the status the trailing `Done` carried.
@@ -370,7 +373,7 @@ struct ReadGuard {
 
 struct PostedRecv {
     wr_id: u64,
-    local: Vec<Sge>,
+    local: Arc<[Sge]>,
     capacity: u64,
 }
 
@@ -416,9 +419,11 @@ struct EarlyOp {
     imm: Option<u32>,
     status: WireStatus,
     /// The destination; `None` when the access check failed (payload is discarded).
-    pin: Option<RegionPin>,
+    dest: Option<Arc<Spans>>,
     /// Payload bytes placed completely.
     received: u64,
+    /// A vectored write (its descriptor arrived early; its chunks are `WriteVData`).
+    vectored: bool,
 }
 
 /// The peer's request currently being executed here (always request number `frontier`).
@@ -558,7 +563,7 @@ type CrcCheck = (FrameHeader, Vec<(usize, usize)>, bool);
 #[derive(Clone)]
 #[allow(dead_code)] // held only for its Drop
 enum Keep {
-    Regions(Vec<Sge>),
+    Regions(Arc<[Sge]>),
     Pin(RegionPin),
     Spans(Arc<Spans>),
     Staging(Arc<StagingBuf>),
@@ -813,6 +818,41 @@ fn unlog_response(guards: &mut Vec<ReadGuard>, seq: u64) {
     }
 }
 
+/// A write's remote ranges `(key, start, end)`, sorted, to test others against them in
+/// logarithmic time.
+struct Disjoint {
+    /// Sorted by (key, start), with the largest end so far within the key.
+    sorted: Vec<(u64, u64, u64)>,
+}
+
+impl Disjoint {
+    fn new(ranges: &[(u64, u64, u64)]) -> Disjoint {
+        let mut sorted = ranges.to_vec();
+        sorted.sort_unstable();
+        for i in 1..sorted.len() {
+            if sorted[i].0 == sorted[i - 1].0 {
+                sorted[i].2 = sorted[i].2.max(sorted[i - 1].2);
+            }
+        }
+        Disjoint { sorted }
+    }
+
+    /// True when these ranges are all of one key, `(key, start, end)` names it too, and
+    /// overlaps none of them (ranges of two keys may alias: never disjoint).
+    fn misses(&self, &(key, start, end): &(u64, u64, u64)) -> bool {
+        let (Some(first), Some(last)) = (self.sorted.first(), self.sorted.last()) else {
+            return true;
+        };
+        if first.0 != key || last.0 != key {
+            return false;
+        }
+        let same_key = 0;
+        // The ranges of this key that start before `end`; the last holds their largest end.
+        let before_end = self.sorted.partition_point(|r| (r.0, r.1) < (key, end));
+        before_end == same_key || self.sorted[before_end - 1].2 <= start
+    }
+}
+
 /// The checks of a vectored post: 1 to [`MAX_REMOTE_SGE`] remote pieces of at least one
 /// byte each, none overflowing, totalling the local list's length.
 fn check_vectored(local: &[Sge], remote: &[RemoteSge]) -> Result<(), PostError> {
@@ -1001,7 +1041,7 @@ impl Session {
             wr_id,
             kind: CompletionKind::Write,
             opcode: Opcode::Write,
-            local: Vec::new(),
+            local: Arc::from([]),
             rkey: 0,
             addr: 0,
             arg0: 0,
@@ -1012,6 +1052,7 @@ impl Session {
             done: None,
             early: false,
             desc: None,
+            ranges: Vec::new(),
             expect_trailer: false,
             trailer: None,
             fault: None,
@@ -1043,7 +1084,7 @@ impl Session {
                 imm,
             } => {
                 op.total = sgl_len(&local);
-                (op.local, op.rkey, op.addr, op.imm) = (local, rkey, addr, imm);
+                (op.local, op.rkey, op.addr, op.imm) = (local.into(), rkey, addr, imm);
             }
             Request::Read { local, rkey, addr } => {
                 if local
@@ -1054,8 +1095,13 @@ impl Session {
                 }
                 op.total = sgl_len(&local);
                 op.arg0 = op.total;
-                (op.kind, op.opcode, op.local, op.rkey, op.addr) =
-                    (CompletionKind::Read, Opcode::ReadRequest, local, rkey, addr);
+                (op.kind, op.opcode, op.local, op.rkey, op.addr) = (
+                    CompletionKind::Read,
+                    Opcode::ReadRequest,
+                    local.into(),
+                    rkey,
+                    addr,
+                );
             }
             Request::FetchAdd { rkey, addr, add } => {
                 (op.kind, op.opcode, op.rkey, op.addr, op.arg0) =
@@ -1081,11 +1127,15 @@ impl Session {
             Request::Send { local, imm } => {
                 op.total = sgl_len(&local);
                 (op.kind, op.opcode, op.local, op.imm) =
-                    (CompletionKind::Send, Opcode::Send, local, imm);
+                    (CompletionKind::Send, Opcode::Send, local.into(), imm);
             }
             Request::WriteV { local, remote } => {
+                op.ranges = remote
+                    .iter()
+                    .map(|r| (r.key.key, r.offset, r.offset + r.len))
+                    .collect();
                 op.total = sgl_len(&local);
-                (op.opcode, op.local, op.arg0) = (Opcode::WriteV, local, op.total);
+                (op.opcode, op.local, op.arg0) = (Opcode::WriteV, local.into(), op.total);
                 (op.arg1, op.desc) = (remote.len() as u64, Some(encode_remote(&remote)));
             }
             Request::ReadV { local, remote } => {
@@ -1097,7 +1147,7 @@ impl Session {
                 }
                 op.total = sgl_len(&local);
                 (op.kind, op.opcode, op.local, op.arg0) =
-                    (CompletionKind::Read, Opcode::ReadV, local, op.total);
+                    (CompletionKind::Read, Opcode::ReadV, local.into(), op.total);
                 (op.arg1, op.desc) = (remote.len() as u64, Some(encode_remote(&remote)));
             }
         }
@@ -1111,15 +1161,24 @@ impl Session {
         if op.addr.checked_add(op.total).is_none() {
             return Err(PostError::Invalid("remote range overflows".into()));
         }
-        if self.cfg.relaxed_placement && op.opcode == Opcode::Write && op.total > 0 {
-            let (start, end) = (op.addr, op.addr + op.total);
+        if op.opcode == Opcode::Write {
+            op.ranges = vec![(op.rkey, op.addr, op.addr + op.total)];
+        }
+        if self.cfg.relaxed_placement
+            && matches!(op.opcode, Opcode::Write | Opcode::WriteV)
+            && op.total > 0
+        {
             // Completed operations have executed at the target; every other earlier one must
-            // commute with this write.
+            // commute with this write: a write to this write's keys at disjoint ranges
+            // (another key may name the same memory). Past a budget of ranges, assume not.
+            let mine = Disjoint::new(&op.ranges);
+            let mut budget: usize = 1 << 16;
             op.early = self.ops.iter().all(|o| {
                 o.done.is_some()
-                    || (o.opcode == Opcode::Write
-                        && o.rkey == op.rkey
-                        && (o.addr + o.total <= start || end <= o.addr))
+                    || (matches!(o.opcode, Opcode::Write | Opcode::WriteV) && {
+                        budget = budget.saturating_sub(o.ranges.len());
+                        budget > 0 && o.ranges.iter().all(|r| mine.misses(r))
+                    })
             });
         }
         self.next_seq += 1;
@@ -1152,7 +1211,7 @@ impl Session {
         let capacity = sgl_len(&local);
         self.recvs.push_back(PostedRecv {
             wr_id,
-            local,
+            local: local.into(),
             capacity,
         });
         // A rail, or a staged send, may be waiting for a receive.
@@ -1389,6 +1448,9 @@ impl Session {
         h.arg0 = op.total;
         h.arg1 = op.arg1;
         h.payload_len = desc.len() as u32;
+        if op.early {
+            h.flags |= FLAG_EARLY;
+        }
         (
             h,
             vec![(desc.as_ptr(), desc.len())],
@@ -1899,18 +1961,25 @@ impl Session {
             if let Some(action) = self.stage_incoming(rail, h) {
                 return Ok(action);
             }
-            if !self.recovering
-                && h.flags & FLAG_EARLY != 0
-                && h.opcode == Opcode::Write
-                && h.payload_len > 0
-            {
-                return self.place_early(rail, h);
+            if !self.recovering && h.flags & FLAG_EARLY != 0 && h.payload_len > 0 {
+                match h.opcode {
+                    Opcode::Write | Opcode::WriteVData => return self.place_early(rail, h),
+                    Opcode::WriteV => return self.accept_early_descriptor(rail, h),
+                    _ => {}
+                }
             }
             return Ok(RxAction::Stall);
         }
-        if h.opcode != Opcode::Write && self.early.contains_key(&h.seq) {
-            // Chunks of a write arrived early under this number.
-            return Err(ProtocolError::InconsistentChunk { seq: h.seq });
+        if let Some(e) = self.early.get(&h.seq) {
+            // A write arrived early under this number: only its own chunks may follow.
+            let fits = if e.vectored {
+                h.opcode == Opcode::WriteVData
+            } else {
+                h.opcode == Opcode::Write
+            };
+            if !fits {
+                return Err(ProtocolError::InconsistentChunk { seq: h.seq });
+            }
         }
         let imm = (h.flags & FLAG_IMM != 0).then_some(h.aux);
         match h.opcode {
@@ -1929,7 +1998,11 @@ impl Session {
                 let pending_here = self.rails.iter().any(|r| {
                     matches!(&r.rx_pending, Some(RxPending::Descriptor(st)) if st.h.seq == h.seq)
                 });
-                if self.cur.is_some() || self.desc.is_some() || pending_here {
+                if self.cur.is_some()
+                    || self.desc.is_some()
+                    || pending_here
+                    || self.early.contains_key(&h.seq)
+                {
                     return Err(ProtocolError::BadDescriptor { seq: h.seq });
                 }
                 let data = StagingBuf::new(h.payload_len as usize);
@@ -2119,21 +2192,25 @@ impl Session {
     }
 
     /// A write chunk the initiator allows ahead of its turn: checked as its execution will
-    /// be, then placed (or discarded, when the check fails) at once.
+    /// be, then placed (or discarded, when the check fails) at once. A vectored write's chunk
+    /// waits (stalls its rail) until the write's descriptor has arrived.
     fn place_early(&mut self, rail: usize, h: &FrameHeader) -> Result<RxAction, ProtocolError> {
         let imm = (h.flags & FLAG_IMM != 0).then_some(h.aux);
-        if h.seq - self.frontier > EARLY_MAX_AHEAD
-            || (self.early.len() >= EARLY_MAX_OPS && !self.early.contains_key(&h.seq))
+        let vectored = h.opcode == Opcode::WriteVData;
+        if !self.early.contains_key(&h.seq)
+            && (vectored
+                || h.seq - self.frontier > EARLY_MAX_AHEAD
+                || self.early.len() >= EARLY_MAX_OPS)
         {
             return Ok(RxAction::Stall);
         }
         if !self.early.contains_key(&h.seq) {
-            let (status, pin) =
+            let (status, dest) =
                 match self
                     .registry
                     .check(h.rkey, h.addr, h.arg0, Access::REMOTE_WRITE)
                 {
-                    Ok(pin) => (WireStatus::Ok, Some(pin)),
+                    Ok(pin) => (WireStatus::Ok, Some(Spans::single(pin, h.addr, h.arg0))),
                     Err(st) => (st, None),
                 };
             self.early.insert(
@@ -2144,13 +2221,19 @@ impl Session {
                     total: h.arg0,
                     imm,
                     status,
-                    pin,
+                    dest,
                     received: 0,
+                    vectored: false,
                 },
             );
         }
         let e = &self.early[&h.seq];
-        if e.rkey != h.rkey || e.addr != h.addr || e.total != h.arg0 || e.imm != imm {
+        if e.rkey != h.rkey
+            || e.addr != h.addr
+            || e.total != h.arg0
+            || e.imm != imm
+            || e.vectored != vectored
+        {
             return Err(ProtocolError::InconsistentChunk { seq: h.seq });
         }
         let placing = self.placing(|p| match *p {
@@ -2163,25 +2246,18 @@ impl Session {
                 total: e.total,
             });
         }
-        let dest = e.pin.as_ref().map(|pin| {
-            let start = pin.ptr_at(h.addr as usize) as usize;
-            (start, pin.clone())
-        });
-        let (action, keep) = match dest {
-            Some((start, pin)) => {
+        let (action, keep) = match e.dest.clone() {
+            Some(dest) => {
                 // Bytes an executed read still sends from are copied aside first (or, while
                 // a response frame is being written from them, the rail waits).
-                if self.read_conflict(&[(start, start + h.arg0 as usize)]) {
+                if self.read_conflict(&dest.ranges()) {
                     return Ok(RxAction::Stall);
                 }
-                let iov = vec![(
-                    pin.ptr_at((h.addr + h.arg1) as usize),
-                    h.payload_len as usize,
-                )];
-                let fragile = pin.is_file();
+                let iov = dest.pieces(h.arg1, h.payload_len as u64);
+                let fragile = dest.fragile();
                 (
                     RxAction::Place(Placement { iov, fragile }),
-                    Some(Keep::Pin(pin)),
+                    Some(Keep::Spans(dest)),
                 )
             }
             None => (RxAction::Discard, None),
@@ -2193,6 +2269,56 @@ impl Session {
         });
         self.rails[rail].rx_keep = keep;
         Ok(action)
+    }
+
+    /// The descriptor of a vectored write the initiator allows ahead of its turn: its list
+    /// is read into a buffer, then checked as execution will check it (`early_descriptor`).
+    fn accept_early_descriptor(
+        &mut self,
+        rail: usize,
+        h: &FrameHeader,
+    ) -> Result<RxAction, ProtocolError> {
+        let pending_here = self
+            .rails
+            .iter()
+            .any(|r| matches!(&r.rx_pending, Some(RxPending::Descriptor(st)) if st.h.seq == h.seq));
+        if self.early.contains_key(&h.seq) || pending_here {
+            return Err(ProtocolError::BadDescriptor { seq: h.seq });
+        }
+        if h.seq - self.frontier > EARLY_MAX_AHEAD || self.early.len() >= EARLY_MAX_OPS {
+            return Ok(RxAction::Stall);
+        }
+        let data = StagingBuf::new(h.payload_len as usize);
+        let iov = vec![(data.ptr, data.len)];
+        self.rails[rail].rx_keep = Some(Keep::Staging(data.clone()));
+        self.rails[rail].rx_pending = Some(RxPending::Descriptor(Staged { h: *h, data }));
+        Ok(RxAction::Place(Placement {
+            iov,
+            fragile: false,
+        }))
+    }
+
+    /// A vectored write's list arrived ahead of its turn: every piece is checked now, and
+    /// its chunks (some may be waiting) are placed as they come.
+    fn early_descriptor(&mut self, d: PendingDesc) {
+        let (status, dest) = match Spans::check(&self.registry, &d.entries, Access::REMOTE_WRITE) {
+            Ok(dest) => (WireStatus::Ok, Some(dest)),
+            Err(st) => (st, None),
+        };
+        self.early.insert(
+            d.h.seq,
+            EarlyOp {
+                rkey: 0,
+                addr: 0,
+                total: d.h.arg0,
+                imm: None,
+                status,
+                dest,
+                received: 0,
+                vectored: true,
+            },
+        );
+        self.retry_stalled();
     }
 
     /// Makes the write `seq`, placed in part or whole ahead of its turn, the operation in
@@ -2207,16 +2333,18 @@ impl Session {
         };
         self.cur = Some(TargetOp {
             seq,
-            opcode: Opcode::Write,
+            opcode: if e.vectored {
+                Opcode::WriteVData
+            } else {
+                Opcode::Write
+            },
             rkey: e.rkey,
             addr: e.addr,
             total: e.total,
             imm: e.imm,
             received: e.received,
             status: e.status,
-            dest: e
-                .pin
-                .map(|pin| Dest::Region(Spans::single(pin, e.addr, e.total))),
+            dest: e.dest.map(Dest::Region),
             recv,
             faulted: false,
         });
@@ -2621,7 +2749,13 @@ impl Session {
                 if self.failed.is_some() {
                     return Ok(());
                 }
-                self.desc = Some(parse_descriptor(st, rail)?);
+                let d = parse_descriptor(st, rail)?;
+                if d.h.seq > self.frontier {
+                    // Accepted ahead of its turn (a vectored write allowed early).
+                    self.early_descriptor(d);
+                } else {
+                    self.desc = Some(d);
+                }
             }
             RxPending::ReadResponse { seq, len } => {
                 self.consumed(rail, len as u64);
@@ -2670,7 +2804,7 @@ impl Session {
                     self.fault_target_op();
                 } else if let Some(e) = self.early.get_mut(&seq) {
                     e.status = WireStatus::RemoteAccess;
-                    e.pin = None;
+                    e.dest = None;
                 }
             }
             RxPending::ReadResponse { seq, .. } => {
@@ -2740,7 +2874,10 @@ impl Session {
                 }
                 return;
             }
-            if st.h.opcode == Opcode::WriteVData && self.cur.is_none() {
+            if st.h.opcode == Opcode::WriteVData
+                && self.cur.is_none()
+                && !self.early.contains_key(&st.h.seq)
+            {
                 // Its descriptor has not executed yet; that brings us back here.
                 self.staged.entry(st.h.seq).or_default().push_front(st);
                 return;
@@ -3015,5 +3152,26 @@ impl Session {
                 endpoint: self.endpoint_id,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Disjoint;
+
+    #[test]
+    fn disjoint_ranges_of_one_key() {
+        let d = Disjoint::new(&[(1, 100, 200), (1, 0, 50), (1, 120, 300)]);
+        assert!(d.misses(&(1, 50, 100)));
+        assert!(d.misses(&(1, 300, 400)));
+        assert!(!d.misses(&(1, 49, 51)));
+        assert!(!d.misses(&(1, 250, 260)), "inside the third range only");
+        assert!(!d.misses(&(1, 0, 1000)));
+        assert!(!d.misses(&(2, 50, 100)), "another key may alias");
+        let two = Disjoint::new(&[(1, 0, 10), (2, 0, 10)]);
+        assert!(
+            !two.misses(&(1, 20, 30)),
+            "a write over two keys commutes with nothing"
+        );
     }
 }
