@@ -107,6 +107,19 @@ impl Registry {
         ends: &mut FileEnds,
     ) -> Result<RegionPin, WireStatus> {
         let pin = self.lookup(key).ok_or(WireStatus::RemoteAccess)?;
+        Self::check_pin(&pin, key, addr, len, need, ends)?;
+        Ok(pin)
+    }
+
+    /// The checks of [`Registry::check_in`] on a region already looked up (and pinned).
+    pub(crate) fn check_pin(
+        pin: &RegionPin,
+        key: u64,
+        addr: u64,
+        len: u64,
+        need: Access,
+        ends: &mut FileEnds,
+    ) -> Result<(), WireStatus> {
         if !pin.access().contains(need) {
             return Err(WireStatus::RemoteAccess);
         }
@@ -130,7 +143,7 @@ impl Registry {
                 return Err(WireStatus::RemoteAccess);
             }
         }
-        Ok(pin)
+        Ok(())
     }
 
     /// Number of registered regions.

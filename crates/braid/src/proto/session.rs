@@ -312,6 +312,8 @@ struct OutOp {
     /// Writes: the remote ranges `(key, start, end)` it writes (to tell whether a later
     /// write commutes with it; see `SessionConfig::relaxed_placement`).
     ranges: Vec<(u64, u64, u64)>,
+    /// The key and bounding interval of `ranges` when they name one key.
+    bounds: Option<(u64, u64, u64)>,
     /// Read: the target serves it from file pages and ends it with a trailing `Done`.
     expect_trailer: bool,
     /// Read: the status the trailing `Done` carried.
@@ -818,6 +820,18 @@ fn unlog_response(guards: &mut Vec<ReadGuard>, seq: u64) {
     }
 }
 
+/// The key and bounding interval of ranges `(key, start, end)` that all name one key.
+fn bounds(ranges: &[(u64, u64, u64)]) -> Option<(u64, u64, u64)> {
+    let (&(key, mut start, mut end), rest) = ranges.split_first()?;
+    for &(k, s, e) in rest {
+        if k != key {
+            return None;
+        }
+        (start, end) = (start.min(s), end.max(e));
+    }
+    Some((key, start, end))
+}
+
 /// A write's remote ranges `(key, start, end)`, sorted, to test others against them in
 /// logarithmic time.
 struct Disjoint {
@@ -1053,6 +1067,7 @@ impl Session {
             early: false,
             desc: None,
             ranges: Vec::new(),
+            bounds: None,
             expect_trailer: false,
             trailer: None,
             fault: None,
@@ -1171,15 +1186,32 @@ impl Session {
             // Completed operations have executed at the target; every other earlier one must
             // commute with this write: a write to this write's keys at disjoint ranges
             // (another key may name the same memory). Past a budget of ranges, assume not.
-            let mine = Disjoint::new(&op.ranges);
+            // Bounding intervals settle the usual case (separate slots) without looking at
+            // the pieces.
+            op.bounds = bounds(&op.ranges);
+            let bounds = op.bounds;
+            let mut mine: Option<Disjoint> = None;
             let mut budget: usize = 1 << 16;
-            op.early = self.ops.iter().all(|o| {
-                o.done.is_some()
-                    || (matches!(o.opcode, Opcode::Write | Opcode::WriteV) && {
-                        budget = budget.saturating_sub(o.ranges.len());
-                        budget > 0 && o.ranges.iter().all(|r| mine.misses(r))
-                    })
-            });
+            op.early = bounds.is_some()
+                && self.ops.iter().all(|o| {
+                    if o.done.is_some() {
+                        return true;
+                    }
+                    if !matches!(o.opcode, Opcode::Write | Opcode::WriteV) {
+                        return false;
+                    }
+                    match (bounds, o.bounds) {
+                        (Some((k, s, e)), Some((k2, s2, e2))) if k == k2 => {
+                            if e <= s2 || e2 <= s {
+                                return true;
+                            }
+                        }
+                        _ => return false,
+                    }
+                    budget = budget.saturating_sub(o.ranges.len());
+                    let mine = mine.get_or_insert_with(|| Disjoint::new(&op.ranges));
+                    budget > 0 && o.ranges.iter().all(|r| mine.misses(r))
+                });
         }
         self.next_seq += 1;
         self.ops.push_back(op);
@@ -2093,7 +2125,7 @@ impl Session {
                 {
                     Ok(pin) => {
                         let dest = Spans::single(pin, h.addr, h.arg0);
-                        if self.read_conflict(&dest.ranges()) {
+                        if !self.reads_active.is_empty() && self.read_conflict(&dest.ranges()) {
                             return Ok(RxAction::Stall);
                         }
                         op.dest = Some(Dest::Region(dest))
@@ -2250,7 +2282,7 @@ impl Session {
             Some(dest) => {
                 // Bytes an executed read still sends from are copied aside first (or, while
                 // a response frame is being written from them, the rail waits).
-                if self.read_conflict(&dest.ranges()) {
+                if !self.reads_active.is_empty() && self.read_conflict(&dest.ranges()) {
                     return Ok(RxAction::Stall);
                 }
                 let iov = dest.pieces(h.arg1, h.payload_len as u64);
@@ -2454,7 +2486,7 @@ impl Session {
         }
         let (status, dest) = match checked {
             Ok(dest) => {
-                if self.read_conflict(&dest.ranges()) {
+                if !self.reads_active.is_empty() && self.read_conflict(&dest.ranges()) {
                     // A response frame is being written from these bytes: `transmitted`
                     // brings us back here.
                     return;

@@ -11,15 +11,17 @@ use crate::mem::registry::{FileEnds, Registry};
 use crate::wire::WireStatus;
 use crate::wire::sgl::WireSge;
 
-/// One piece: `len` bytes at `addr` of a pinned region.
+/// One piece: `len` bytes at `addr` of pinned region `pins[pin]`.
 pub(crate) struct Span {
-    pin: RegionPin,
+    pin: usize,
     addr: u64,
     len: u64,
 }
 
 /// The pieces of one operation at the target, checked and pinned.
 pub(crate) struct Spans {
+    /// Each region the pieces name, pinned once.
+    pins: Vec<RegionPin>,
     list: Vec<Span>,
     total: u64,
     /// Some piece is file pages, which only system calls may touch.
@@ -31,7 +33,8 @@ impl Spans {
     pub(crate) fn single(pin: RegionPin, addr: u64, len: u64) -> Arc<Spans> {
         let fragile = pin.is_file();
         Arc::new(Spans {
-            list: vec![Span { pin, addr, len }],
+            pins: vec![pin],
+            list: vec![Span { pin: 0, addr, len }],
             total: len,
             fragile,
         })
@@ -46,10 +49,22 @@ impl Spans {
     ) -> Result<Arc<Spans>, WireStatus> {
         let mut ends = FileEnds::default();
         let mut list = Vec::with_capacity(entries.len());
+        let mut pins: Vec<(u64, RegionPin)> = Vec::new();
         let (mut total, mut fragile) = (0, false);
         for e in entries {
-            let pin = registry.check_in(e.rkey, e.addr, e.len, need, &mut ends)?;
-            fragile |= pin.is_file();
+            // Pieces of one region (the usual case) share one lookup and one pin.
+            let pin = match pins.iter().position(|p| p.0 == e.rkey) {
+                Some(i) => {
+                    Registry::check_pin(&pins[i].1, e.rkey, e.addr, e.len, need, &mut ends)?;
+                    i
+                }
+                None => {
+                    let pin = registry.check_in(e.rkey, e.addr, e.len, need, &mut ends)?;
+                    fragile |= pin.is_file();
+                    pins.push((e.rkey, pin));
+                    pins.len() - 1
+                }
+            };
             total += e.len;
             if e.len > 0 {
                 list.push(Span {
@@ -60,6 +75,7 @@ impl Spans {
             }
         }
         Ok(Arc::new(Spans {
+            pins: pins.into_iter().map(|p| p.1).collect(),
             list,
             total,
             fragile,
@@ -86,7 +102,10 @@ impl Spans {
                 continue;
             }
             let take = (s.len - off).min(len);
-            out.push((s.pin.ptr_at((s.addr + off) as usize), take as usize));
+            out.push((
+                self.pins[s.pin].ptr_at((s.addr + off) as usize),
+                take as usize,
+            ));
             len -= take;
             off = 0;
         }
@@ -98,7 +117,7 @@ impl Spans {
         self.list
             .iter()
             .map(|s| {
-                let start = s.pin.ptr_at(s.addr as usize) as usize;
+                let start = self.pins[s.pin].ptr_at(s.addr as usize) as usize;
                 (start, start + s.len as usize)
             })
             .collect()
