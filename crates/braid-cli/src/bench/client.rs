@@ -4,7 +4,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use braid::{Access, CompletionKind, Context, Error as BraidError, RailAddr, RemoteKey, Sge};
+use braid::{
+    Access, CompletionKind, Context, Error as BraidError, RailAddr, RemoteKey, RemoteSge, Sge,
+};
 
 use braid_cli::parse::RailSpec;
 
@@ -27,6 +29,8 @@ struct Plan {
     spin_us: Option<u64>,
     stall: Duration,
     chunk: Option<usize>,
+    /// `-v`: pieces per vectored operation.
+    pieces: Option<usize>,
 }
 
 impl Plan {
@@ -51,6 +55,7 @@ impl Plan {
             spin_us: self.spin_us,
             stall: self.stall,
             chunk: self.chunk,
+            pieces: self.pieces,
         }
     }
 }
@@ -148,7 +153,22 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
         spin_us: a.spin_us,
         stall,
         chunk: a.chunk,
+        pieces: a.pieces,
     };
+    if let Some(n) = a.pieces {
+        if !matches!(op, Op::Write | Op::Read) {
+            bail!("-v/--pieces applies to write and read tests");
+        }
+        if n == 0 || n > braid::wire::sgl::MAX_REMOTE_SGE {
+            bail!(
+                "-v must be 1 .. {} pieces",
+                braid::wire::sgl::MAX_REMOTE_SGE
+            );
+        }
+        if let Some(s) = sizes.iter().find(|&&s| s < n) {
+            bail!("-v {n}: a {s}-byte message cannot be cut into {n} pieces");
+        }
+    }
 
     let ctx = Context::new()?;
     let (scq, rcq, opts) = Peer::options(&ctx, a.chunk, &a.window)?;
@@ -402,8 +422,23 @@ fn run_bw(ctx: &Context, peer: &mut Peer, op: Op, size: usize, plan: &Plan) -> R
             write_pattern(&local, k * size, size, k as u64, &mut scratch)?;
         }
     }
-    let sges: Vec<Sge> = (0..lslots)
-        .map(|k| local.slice(k * size, size))
+    // Per slot, the local list: one entry, or with -v the slot cut in pieces.
+    let npieces = plan.pieces.unwrap_or(1);
+    let cut = |len: usize| -> Vec<(usize, usize)> {
+        (0..npieces)
+            .map(|j| {
+                let (a, b) = (j * len / npieces, (j + 1) * len / npieces);
+                (a, b - a)
+            })
+            .collect()
+    };
+    let sges: Vec<Vec<Sge>> = (0..lslots)
+        .map(|k| {
+            cut(size)
+                .into_iter()
+                .map(|(o, l)| local.slice(k * size + o, l))
+                .collect::<Result<Vec<_>, _>>()
+        })
         .collect::<Result<_, _>>()?;
     let lslots = lslots as u64;
 
@@ -426,7 +461,7 @@ fn run_bw(ctx: &Context, peer: &mut Peer, op: Op, size: usize, plan: &Plan) -> R
             let i = posted;
             let slot = (i % lslots) as usize;
             let roff = (i % rslots) * size as u64;
-            let sge = &sges[slot..slot + 1];
+            let sge = &sges[slot][..];
             if plan.verify {
                 match op {
                     Op::Write | Op::Send => {
@@ -436,7 +471,15 @@ fn run_bw(ctx: &Context, peer: &mut Peer, op: Op, size: usize, plan: &Plan) -> R
                     _ => {}
                 }
             }
+            let remote = || -> Vec<RemoteSge> {
+                cut(size)
+                    .into_iter()
+                    .map(|(o, l)| RemoteSge::new(rkey, roff + o as u64, l as u64))
+                    .collect()
+            };
             let r = match op {
+                Op::Write if plan.pieces.is_some() => peer.ep.write_v(i, sge, &remote()),
+                Op::Read if plan.pieces.is_some() => peer.ep.read_v(i, sge, &remote()),
                 Op::Write => peer.ep.write(i, sge, &rkey, roff),
                 Op::Read => peer.ep.read(i, sge, &rkey, roff),
                 Op::Send => peer.ep.send(i, sge),
@@ -529,6 +572,8 @@ fn run_bw(ctx: &Context, peer: &mut Peer, op: Op, size: usize, plan: &Plan) -> R
         },
         client_rail_bytes: client_rails,
         server_rail_bytes: report.rail_bytes.clone(),
+        pieces: plan.pieces,
+        server_file: reply.file.clone(),
         ..Default::default()
     };
     if plan.verify && op == Op::Read || fetch {

@@ -118,6 +118,13 @@ pub struct ServerArgs {
     /// Busy-poll this long (µs) in completion-queue waits before sleeping.
     #[arg(long)]
     pub spin_us: Option<u64>,
+    /// Serve read and write tests from the pages of this file (registered with
+    /// `Context::register_file`, read-write when the file allows it) instead of memory:
+    /// the client's operations cycle through the file in message-size slots. The file is
+    /// read once before each test so that its pages are in the page cache; with --verify the
+    /// server writes the read pattern into it first.
+    #[arg(long)]
+    pub file: Option<PathBuf>,
 }
 
 /// Client options (perftest's letters where they exist).
@@ -171,6 +178,11 @@ pub struct ClientArgs {
     /// Seconds without any completion after which the server is declared gone.
     #[arg(long, default_value_t = 10.0)]
     pub op_timeout: f64,
+    /// Read and write tests: post every operation as a vectored one (`write_v`/`read_v`)
+    /// of this many pieces on both sides (the message size split evenly; the pieces of an
+    /// operation are adjacent in memory, so --verify checks them as one slot).
+    #[arg(short = 'v', long = "pieces")]
+    pub pieces: Option<usize>,
 }
 
 /// The striping window of each rail (`SessionConfig`): a rail takes the next chunk while its
@@ -338,6 +350,9 @@ pub struct SetupReply {
     pub recvs: usize,
     /// Port of the TCP baseline listener (on rail 0's listen address).
     pub tcp_port: Option<u16>,
+    /// The server's region is the pages of this file (`bench server --file`).
+    #[serde(default)]
+    pub file: Option<String>,
 }
 
 /// End of a test's loop.

@@ -143,6 +143,12 @@ pub struct Row {
     /// What `ratio` divides.
     #[serde(skip_serializing_if = "is_none")]
     pub ratio_definition: Option<String>,
+    /// Pieces per vectored operation (`-v`).
+    #[serde(skip_serializing_if = "is_none")]
+    pub pieces: Option<usize>,
+    /// The file whose pages the server's region is (`bench server --file`).
+    #[serde(skip_serializing_if = "is_none")]
+    pub server_file: Option<String>,
 }
 
 /// The table's heading for `op`.

@@ -213,15 +213,42 @@ fn run_test(
     let mut got = Vec::new();
     match s.op {
         Op::Write | Op::Read | Op::FetchAdd => {
+            let file = match (&args.file, s.op) {
+                (Some(path), Op::Write | Op::Read) => match file_region(ctx, path, s.size) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        let e = format!("{e:#}");
+                        peer.post_ctrl_recv()?;
+                        peer.send_ctrl(&Ctrl::SetupReply(SetupReply {
+                            error: Some(e.clone()),
+                            ..Default::default()
+                        }))?;
+                        return Ok(served(Report {
+                            error: Some(e),
+                            ..Default::default()
+                        }));
+                    }
+                },
+                _ => None,
+            };
             let (slots, len) = if s.op == Op::FetchAdd {
                 (1, 4096)
+            } else if let Some((_, slots)) = &file {
+                (*slots, slots * s.size)
             } else {
                 let slots = slots_for(s.size, s.depth);
                 (slots, slots * s.size)
             };
-            // Resident before the clock starts, as a verbs registration would make it.
-            let region = ctx.alloc_region_with(len, Access::all(), super::POPULATED)?;
-            if s.op == Op::Read {
+            let from_file = file.is_some();
+            let region = match file {
+                Some((region, _)) => {
+                    reply.file = args.file.as_ref().map(|p| p.display().to_string());
+                    region
+                }
+                // Resident before the clock starts, as a verbs registration would make it.
+                None => ctx.alloc_region_with(len, Access::all(), super::POPULATED)?,
+            };
+            if s.op == Op::Read && (!from_file || s.verify) {
                 for k in 0..slots {
                     write_pattern(
                         &region,
@@ -354,6 +381,38 @@ fn run_test(
 }
 
 /// Sends the reply and starts the clocks.
+/// The pages of `path` as a region for `size`-byte operations, and how many slots of that
+/// size it holds; its pages are read once first, so that the test runs from the page cache.
+fn file_region(ctx: &Context, path: &std::path::Path, size: usize) -> Result<(Region, usize)> {
+    use std::io::Read;
+    let (file, access) = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
+        Ok(f) => (f, Access::REMOTE_READ | Access::REMOTE_WRITE),
+        Err(_) => (
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
+            Access::REMOTE_READ,
+        ),
+    };
+    let len = file.metadata()?.len() as usize;
+    let slots = len / size;
+    if slots == 0 {
+        bail!(
+            "{} has {len} bytes, less than one {size}-byte message",
+            path.display()
+        );
+    }
+    let mut warm = &file;
+    let mut buf = vec![0u8; 1 << 20];
+    while warm.read(&mut buf)? > 0 {}
+    let region = ctx
+        .register_file(&file, 0, slots * size, access)
+        .with_context(|| format!("registering {}", path.display()))?;
+    Ok((region, slots))
+}
+
 fn start(peer: &mut Peer, t: &mut Test, reply: SetupReply) -> Result<()> {
     t.rails0 = peer.rail_bytes();
     peer.send_ctrl(&Ctrl::SetupReply(reply))?;
