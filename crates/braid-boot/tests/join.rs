@@ -462,7 +462,12 @@ fn an_aborting_rank_tells_everyone_why() {
             "{e}"
         );
     });
+    // Ranks 0 and 1 enter the same collective: had they called different ones, the root
+    // could report that mismatch before rank 2's abort arrives.
     let r1 = spawn_rank(env(1, 3, port, "why", 20.0), |_, w| {
+        let e = w.barrier().unwrap_err();
+        assert!(matches!(&e, BootError::RankFailed { rank: 2, .. }), "{e}");
+        // Every later collective reports the same cause.
         let e = w.allgather(b"x").unwrap_err();
         assert!(matches!(&e, BootError::RankFailed { rank: 2, .. }), "{e}");
     });
