@@ -11,7 +11,7 @@ as a dependency on `mem::region`, not on `mem`. A module's `pub use` of its own 
 submodules: a folder's `mod.rs` may dispatch to its parts while they use its types, but two
 siblings, or a part and a module outside its folder, may not depend on each other both
 ways. Everything else is a dependency. Code in `#[cfg(test)]` inline modules
-is left out: tests may reach anywhere.
+(and other `#[cfg(test)]` items) is left out: tests may reach anywhere.
 
 A cycle is a strongly connected component of more than one module. Each is printed with
 the line that makes each of its edges. Cycles listed in the allow file (one per line,
@@ -152,13 +152,19 @@ def parse_crate(root_file):
         with open(file, encoding="utf-8") as f:
             raw = f.read()
         src = strip_comments_and_strings(raw)
-        # Cut #[cfg(test)] inline modules; note other inline modules' names (their items
-        # are counted as this file's).
+        # Cut #[cfg(test)] items (test modules, test helpers); other inline modules' items
+        # are counted as this file's.
         cut = []
-        for mm in re.finditer(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{", src):
-            start = mm.start()
-            end = matching_brace(src, mm.end() - 1)
-            cut.append((start, end))
+        for mm in re.finditer(r"#\[cfg\(test\)\]", src):
+            # The item it gates: up to its `;` or through its braced body.
+            semi = src.find(";", mm.end())
+            brace = src.find("{", mm.end())
+            if brace < 0 or 0 <= semi < brace:
+                end = len(src) if semi < 0 else semi + 1
+            else:
+                end = matching_brace(src, brace)
+            if not cut or mm.start() >= cut[-1][1]:
+                cut.append((mm.start(), end))
         for s, e in reversed(cut):
             src = src[:s] + re.sub(r"[^\n]", " ", src[s:e]) + src[e:]
         m.items = set(ITEM_RE.findall(src))
