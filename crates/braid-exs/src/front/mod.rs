@@ -1,4 +1,4 @@
-//! The ES-API front: handle tables, event queues, per-socket ordering and flow control,
+//! The ES-API front: handle tables, per-socket ordering and flow control,
 //! argument checking. Independent of how bytes move: that is a [`Backend`]'s job. The
 //! backends hand finished operations back through [`SINK`] (see `complete`).
 //!
