@@ -7,6 +7,9 @@
 
 use libc::{c_int, c_short, c_void, size_t, sockaddr_storage, socklen_t, ssize_t};
 
+/// An error number (`errno` value), as every call of the API reports errors.
+pub(crate) type Errno = c_int;
+
 /// ES-API version 1.
 pub const EXS_VERSION1: c_int = 1;
 /// The ES-API version this library implements.

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::ops::{BitOr, Range};
+use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,7 +11,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::abi::*;
-use crate::core::{Completion, OpKind, QueueShared, global};
+use crate::front::global;
+use crate::op::OpKind;
+use crate::queue::{Completion, QueueShared};
 
 fn err(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
@@ -284,31 +286,22 @@ impl Rejected {
     }
 }
 
-/// Flags of a send or receive.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Flags(i32);
-
-impl Flags {
-    /// No flags.
-    pub const NONE: Flags = Flags(0);
-    /// Receive: complete only when the buffer is full or the stream ended (`MSG_WAITALL`).
-    pub const WAITALL: Flags = Flags(libc::MSG_WAITALL);
-    /// Send: more data follows (`MSG_MORE`).
-    pub const MORE: Flags = Flags(libc::MSG_MORE);
-    /// Complete before returning (the event is still posted): [`EXS_MSG_SYNC`].
-    pub const SYNC: Flags = Flags(EXS_MSG_SYNC);
-
-    /// The C value.
-    pub fn bits(self) -> i32 {
-        self.0
+bitflags::bitflags! {
+    /// Flags of a send or receive, combined with `|`.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct Flags: i32 {
+        /// Receive: complete only when the buffer is full or the stream ended (`MSG_WAITALL`).
+        const WAITALL = libc::MSG_WAITALL;
+        /// Send: more data follows (`MSG_MORE`).
+        const MORE = libc::MSG_MORE;
+        /// Complete before returning (the event is still posted): [`EXS_MSG_SYNC`].
+        const SYNC = EXS_MSG_SYNC;
     }
 }
 
-impl BitOr for Flags {
-    type Output = Flags;
-    fn bitor(self, o: Flags) -> Flags {
-        Flags(self.0 | o.0)
-    }
+impl Flags {
+    /// No flags.
+    pub const NONE: Flags = Flags::empty();
 }
 
 /// What kind of operation an [`Event`] reports.
@@ -474,7 +467,7 @@ impl Queue {
             false,
             fd,
             &[parts],
-            flags.0,
+            flags.bits(),
             self.handle,
             user as usize,
             &mut owner,

@@ -1,5 +1,5 @@
 //! The `extern "C"` functions of `include/sys/exs.h`. Each checks its arguments, calls the
-//! front (the `core` module), and maps errors to `-1` with `errno`. No panic crosses the
+//! front (the `front` module), and maps errors to `-1` with `errno`. No panic crosses the
 //! boundary: every body runs under `catch_unwind` (a panic is reported as `EIO`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use libc::{c_int, c_short, c_void, size_t, sockaddr, socklen_t, timespec};
 
 use crate::abi::*;
-use crate::core::{Errno, OpKind, global};
+use crate::front::global;
+use crate::op::{Errno, OpKind};
 
 fn set_errno(e: Errno) {
     // SAFETY: __errno_location returns this thread's errno slot.

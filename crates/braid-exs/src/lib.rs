@@ -23,7 +23,8 @@
 //! ```
 //!
 //! The front (handles, queues, events, argument checks, ordering, C ABI) is separate from
-//! the backend that moves bytes (a `Backend` trait): the io_uring one for plain sockets, the
+//! the backend that moves bytes (a `Backend` trait; backends hand finished operations back
+//! through a completion sink, never calling into the front): the io_uring one for plain sockets, the
 //! braid one for sockets in braid mode.
 //!
 //! ## braid mode: how a program chooses it
@@ -115,11 +116,21 @@
 
 #![warn(missing_docs)]
 
+// Layers, each using only those below it (checked by scripts/check-module-cycles.py):
+//   abi, ffi, sys        C types; the `unsafe` crossings of the C boundary; socket calls
+//   queue, op            event queues; operations, the backend interface, the sink
+//   uring, braid_mode    the backends (they hand finished operations to the sink)
+//   front                handles, ordering, flow control; owns the backends
+//   api, capi            the Rust API and the C ABI over the front
 pub mod abi;
 mod api;
 mod braid_mode;
 pub mod capi;
-mod core;
+mod ffi;
+mod front;
+mod op;
+mod queue;
+mod sys;
 mod uring;
 
 pub use abi::*;

@@ -6,20 +6,21 @@
 //!   so requests never die with the thread that posted them, and there is one submitter.)
 //! * The progress thread drains the list, turns ops into SQEs (the op's `Box` pointer is the
 //!   `user_data`), submits and waits in one `io_uring_enter`, then turns CQEs into either a
-//!   resubmission (short transfer, `EAGAIN`) or [`core::complete`].
+//!   resubmission (short transfer, `EAGAIN`) or a completion handed to the front's
+//!   [`CompletionSink`].
 //! * Memory registration fills a slot of a sparse fixed-buffer table, so zero-copy sends
 //!   (`SEND_ZC` with `IORING_RECVSEND_FIXED_BUF`) of registered buffers need no page pinning
 //!   per send. Whether zero-copy is used depends on the buffer size (`BRAID_EXS_ZC_MIN`).
 
 use std::cell::Cell;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use io_uring::{IoUring, cqueue, opcode, squeue, types::Fd};
 use parking_lot::Mutex;
 
-use crate::core::{self, Backend, Errno, Op, OpKind};
+use crate::op::{Backend, CompletionSink, Errno, Op, OpKind, advance};
 
 thread_local! {
     static ON_PROGRESS: Cell<bool> = const { Cell::new(false) };
@@ -46,24 +47,20 @@ pub(crate) struct UringBackend {
     efd: OwnedFd,
     slots: Mutex<Vec<u32>>,
     zc_min: AtomicUsize,
+    sink: &'static dyn CompletionSink,
 }
 
 impl UringBackend {
     /// Create the ring and start the progress thread.
-    pub(crate) fn start() -> Result<Arc<Self>, Errno> {
+    pub(crate) fn start(sink: &'static dyn CompletionSink) -> Result<Arc<Self>, Errno> {
         let ring = IoUring::builder()
             .setup_cqsize(8192)
             .setup_coop_taskrun()
             .build(512)
             .or_else(|_| IoUring::builder().build(512))
             .map_err(|e| e.raw_os_error().unwrap_or(libc::ENOSYS))?;
-        // SAFETY: plain syscall; the result is checked.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            return Err(errno());
-        }
-        // SAFETY: efd is a fresh descriptor that we own.
-        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let efd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
+            .map_err(|e| e.raw_os_error())?;
         let slots = if ring
             .submitter()
             .register_buffers_sparse(FIXED_SLOTS)
@@ -84,6 +81,7 @@ impl UringBackend {
             efd,
             slots: Mutex::new(slots),
             zc_min: AtomicUsize::new(zc_min),
+            sink,
         });
         let th = me.clone();
         std::thread::Builder::new()
@@ -184,7 +182,7 @@ impl UringBackend {
                     if op.iov.is_empty() || op.done >= op.total && op.total > 0 =>
                 {
                     let n = op.done;
-                    core::complete(op, Ok(n));
+                    self.sink.complete(op, Ok(n));
                     return;
                 }
                 // A batch always goes as one sendmsg (below).
@@ -259,7 +257,7 @@ impl UringBackend {
         if op.polling {
             op.polling = false;
             if res < 0 && res != -libc::EINTR {
-                core::complete(op, Err(-res));
+                self.sink.complete(op, Err(-res));
             } else {
                 self.issue(op);
             }
@@ -287,18 +285,18 @@ impl UringBackend {
                     op.done >= op.total || (op.kind == OpKind::Recv && (n == 0 || !op.waitall));
                 if finished {
                     let d = op.done;
-                    core::complete(op, Ok(d));
+                    self.sink.complete(op, Ok(d));
                 } else if n == 0 {
-                    core::complete(op, Err(libc::EPIPE));
+                    self.sink.complete(op, Err(libc::EPIPE));
                 } else {
                     self.issue(op);
                 }
             }
             _ => {
                 if res < 0 {
-                    core::complete(op, Err(-res))
+                    self.sink.complete(op, Err(-res))
                 } else {
-                    core::complete(op, Ok(res as usize))
+                    self.sink.complete(op, Ok(res as usize))
                 }
             }
         }
@@ -321,13 +319,13 @@ impl UringBackend {
             }
             let done = op.done;
             let Some(mut next) = op.batch.pop_front() else {
-                return core::complete(op, Ok(done));
+                return self.sink.complete(op, Ok(done));
             };
             // The remaining buffers (all of them the followers') and the rest of the batch
             // move to the next op, which now leads.
             next.iov = std::mem::take(&mut op.iov);
             next.batch = std::mem::take(&mut op.batch);
-            core::complete_held(op, Ok(done));
+            self.sink.complete_held(op, Ok(done));
             op = next;
         }
         debug_assert_eq!(n, 0);
@@ -340,9 +338,9 @@ impl UringBackend {
     fn fail(&self, mut op: Box<Op>, err: Errno) {
         let mut rest = std::mem::take(&mut op.batch);
         let Some(mut lead) = rest.pop_front() else {
-            return core::complete(op, Err(err));
+            return self.sink.complete(op, Err(err));
         };
-        core::complete_held(op, Err(err));
+        self.sink.complete_held(op, Err(err));
         // Followers behind the leader have sent nothing yet: their own `iov` is intact.
         for f in rest {
             lead.ride(f);
@@ -357,36 +355,11 @@ impl UringBackend {
     }
 }
 
-fn advance(iov: &mut Vec<libc::iovec>, mut n: usize) {
-    let mut i = 0;
-    while n > 0 && i < iov.len() {
-        let l = iov[i].iov_len;
-        if n >= l {
-            n -= l;
-            i += 1;
-        } else {
-            // SAFETY: n < l, so the new base stays inside the same buffer.
-            iov[i].iov_base = unsafe { iov[i].iov_base.cast::<u8>().add(n) }.cast();
-            iov[i].iov_len -= n;
-            n = 0;
-        }
-    }
-    iov.drain(..i);
-}
-
-fn errno() -> Errno {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
-}
-
 impl Backend for UringBackend {
     fn start(&self, op: Box<Op>) {
         self.pending.lock().push(op);
         if !on_progress_thread() && !self.notified.swap(true, Ordering::SeqCst) {
-            let one = 1u64;
-            // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
-            let _ = unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            let _ = rustix::io::write(&self.efd, &1u64.to_ne_bytes());
         }
     }
 

@@ -1,13 +1,17 @@
 //! The per-process [`Context`]: registered memory, completion queues, and connection setup
-//! (the rail handshake) for endpoints served by its progress engine.
+//! (the rail handshake) for endpoints served by its progress engine. The accepting side (the
+//! [`Listener`]) is in `listener`.
+
+mod listener;
+
+pub use listener::Listener;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use socket2::{Domain, Socket, Type};
@@ -21,17 +25,12 @@ use crate::mem::{Access, Region, RegionOptions, Registry};
 use crate::netns::NetNs;
 use crate::proto::Session;
 use crate::wire::handshake::{
-    AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, MAC_LEN, MAX_RAILS, NONCE_LEN, auth_mac,
-    caps, mac_eq,
+    AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, MAX_RAILS, NONCE_LEN, auth_mac, caps,
+    verify_auth_mac,
 };
 use crate::wire::{HandshakeError, HandshakeStatus, Hello, HelloReply};
 
 static NEXT_ENDPOINT: AtomicU64 = AtomicU64::new(1);
-
-/// How long a rail's handshake may take on the accepting side.
-const ACCEPT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// A session whose rails do not all arrive within this time is dropped.
-const PENDING_SESSION_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Environment variable holding the cluster secret itself.
 pub const SECRET_ENV: &str = "BRAID_SECRET";
@@ -515,15 +514,15 @@ fn connect_rail(
     if let Some(secret) = secret {
         // The accepting side must prove the secret too, or we would hand our data to anyone.
         let ok = acceptor_nonce.is_some_and(|n| {
-            let want = auth_mac(
+            verify_auth_mac(
                 secret,
                 AuthRole::Acceptor,
                 &hello.nonce,
                 &n,
                 session_id,
                 index,
-            );
-            mac_eq(&want, &reply.auth)
+                &reply.auth,
+            )
         });
         if !ok {
             return Err(Error::Auth {
@@ -568,349 +567,4 @@ fn read_reply(stream: &mut TcpStream, peer: SocketAddr) -> Result<HelloReply, Er
         }
     }
     HelloReply::decode(&buf).map_err(|source| Error::Handshake { peer, source })
-}
-
-fn read_handshake(stream: &mut TcpStream, buf: &mut [u8; HANDSHAKE_LEN]) -> Result<(), Error> {
-    stream.read_exact(buf).map_err(|e| {
-        if matches!(
-            e.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-        ) {
-            Error::Timeout("waiting for the rail handshake".into())
-        } else {
-            Error::Io(e)
-        }
-    })
-}
-
-struct PendingSession {
-    rails: Vec<Option<TcpStream>>,
-    since: Instant,
-}
-
-/// Accepts endpoints whose rails connect to its addresses. Rails of one endpoint are joined
-/// by the session id of their handshake, whichever address they arrive on.
-///
-/// A background thread runs every handshake, so that a failed rail of an endpoint accepted
-/// here can re-join it at any time, as long as the listener exists.
-pub struct Listener {
-    shared: Arc<ListenerShared>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-struct ListenerShared {
-    ctx: Context,
-    sockets: Vec<TcpListener>,
-    pending: Mutex<HashMap<u64, PendingSession>>,
-    /// Sessions whose rails have all arrived: (rails, payload CRC, session id).
-    ready: Mutex<std::collections::VecDeque<(Vec<TcpStream>, bool, u64)>>,
-    ready_cv: parking_lot::Condvar,
-    /// The acceptor asks for payload CRCs (set from the options of `accept`).
-    want_crc: AtomicBool,
-    chunk_size: std::sync::atomic::AtomicU32,
-    closed: AtomicBool,
-}
-
-impl std::fmt::Debug for Listener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Listener")
-            .field("addrs", &self.local_addrs())
-            .finish()
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.close();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Listener {
-    fn start(ctx: Context, sockets: Vec<TcpListener>) -> Result<Listener, Error> {
-        let shared = Arc::new(ListenerShared {
-            ctx,
-            sockets,
-            pending: Mutex::new(HashMap::new()),
-            ready: Mutex::new(std::collections::VecDeque::new()),
-            ready_cv: parking_lot::Condvar::new(),
-            want_crc: AtomicBool::new(false),
-            chunk_size: std::sync::atomic::AtomicU32::new(
-                crate::proto::SessionConfig::default().chunk_size as u32,
-            ),
-            closed: AtomicBool::new(false),
-        });
-        let s2 = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("braid-listener".into())
-            .spawn(move || s2.run())?;
-        Ok(Listener {
-            shared,
-            thread: Some(thread),
-        })
-    }
-
-    /// The bound addresses (with the ports the kernel chose for port 0).
-    pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.shared
-            .sockets
-            .iter()
-            .filter_map(|s| s.local_addr().ok())
-            .collect()
-    }
-
-    /// Waits up to `timeout` for an endpoint whose rails have all connected and completed
-    /// the handshake. Rails that fail the handshake are refused and logged, and do not end
-    /// the wait.
-    pub fn accept(&self, opts: &EndpointOptions, timeout: Duration) -> Result<Endpoint, Error> {
-        let sh = &self.shared;
-        sh.want_crc
-            .store(opts.session.payload_crc, Ordering::Release);
-        sh.chunk_size
-            .store(opts.session.chunk_size as u32, Ordering::Release);
-        let deadline = Instant::now() + timeout;
-        let mut ready = sh.ready.lock();
-        loop {
-            if sh.closed.load(Ordering::Acquire) {
-                return Err(Error::InvalidArgument("listener closed".into()));
-            }
-            if let Some((streams, crc, session_id)) = ready.pop_front() {
-                drop(ready);
-                let ep = sh.ctx.start_endpoint(streams, opts, crc, None)?;
-                let mut live = sh.ctx.inner.live.lock();
-                live.retain(|_, w| w.strong_count() > 0);
-                live.insert(session_id, Arc::downgrade(&ep.shared));
-                return Ok(ep);
-            }
-            if sh.ready_cv.wait_until(&mut ready, deadline).timed_out() && ready.is_empty() {
-                return Err(Error::Timeout("no endpoint connected".into()));
-            }
-        }
-    }
-
-    /// Stops accepting; rails of incomplete sessions are closed. Endpoints already accepted
-    /// keep running, but their failed rails can no longer re-join.
-    pub fn close(&self) {
-        self.shared.closed.store(true, Ordering::Release);
-        self.shared.pending.lock().clear();
-        self.shared.ready_cv.notify_all();
-    }
-}
-
-impl ListenerShared {
-    /// The background loop: accept connections and run their handshakes until closed.
-    fn run(&self) {
-        while !self.closed.load(Ordering::Acquire) {
-            self.pending.lock().retain(|id, p| {
-                let keep = p.since.elapsed() < PENDING_SESSION_TIMEOUT;
-                if !keep {
-                    tracing::warn!(
-                        session = id,
-                        "dropping a session whose rails did not all arrive"
-                    );
-                }
-                keep
-            });
-            let mut fds: Vec<libc::pollfd> = self
-                .sockets
-                .iter()
-                .map(|s| libc::pollfd {
-                    fd: s.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                })
-                .collect();
-            // SAFETY: fds is a valid array of pollfd; 100 ms bounds the reaction to close().
-            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 100) };
-            if r < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                tracing::error!("listener poll failed: {e}");
-                break;
-            }
-            for (i, pfd) in fds.iter().enumerate() {
-                if pfd.revents == 0 {
-                    continue;
-                }
-                let (stream, from) = match self.sockets[i].accept() {
-                    Ok(x) => x,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        continue;
-                    }
-                };
-                match self.handshake(stream, from) {
-                    Ok(Some(done)) => {
-                        self.ready.lock().push_back(done);
-                        self.ready_cv.notify_all();
-                    }
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(peer = %from, "refused a rail: {e}"),
-                }
-            }
-        }
-    }
-
-    /// Runs the accepting side of one rail's handshake; returns the session's rails once
-    /// they are all there.
-    fn handshake(
-        &self,
-        mut stream: TcpStream,
-        from: SocketAddr,
-    ) -> Result<Option<(Vec<TcpStream>, bool, u64)>, Error> {
-        stream.set_nonblocking(false)?;
-        stream.set_read_timeout(Some(ACCEPT_HANDSHAKE_TIMEOUT))?;
-        stream.set_write_timeout(Some(ACCEPT_HANDSHAKE_TIMEOUT))?;
-        let mut buf = [0u8; HANDSHAKE_LEN];
-        read_handshake(&mut stream, &mut buf)?;
-        let hello =
-            Hello::decode(&buf).map_err(|source| Error::Handshake { peer: from, source })?;
-        let crc =
-            self.want_crc.load(Ordering::Acquire) || hello.capabilities & caps::PAYLOAD_CRC32C != 0;
-        let mut reply = HelloReply {
-            version: HANDSHAKE_VERSION,
-            rail_index: hello.rail_index,
-            rail_count: hello.rail_count,
-            status: HandshakeStatus::Accepted,
-            capabilities: if crc { caps::PAYLOAD_CRC32C } else { 0 },
-            max_chunk: self.chunk_size.load(Ordering::Acquire),
-            session_id: hello.session_id,
-            auth: [0; MAC_LEN],
-        };
-        let refuse = |mut stream: TcpStream, mut reply: HelloReply, status| {
-            reply.status = status;
-            let _ = stream.write_all(&reply.encode());
-            status
-        };
-        if hello.version != HANDSHAKE_VERSION {
-            refuse(stream, reply, HandshakeStatus::VersionUnsupported);
-            return Err(Error::VersionMismatch {
-                peer: from,
-                ours: HANDSHAKE_VERSION,
-                theirs: hello.version,
-            });
-        }
-        if hello.rail_count == 0
-            || hello.rail_count > MAX_RAILS
-            || hello.rail_index >= hello.rail_count
-        {
-            let status = refuse(stream, reply, HandshakeStatus::BadRail);
-            return Err(Error::Refused {
-                peer: from,
-                rail: hello.rail_index,
-                status,
-            });
-        }
-        if let Some(secret) = self.ctx.inner.secret.as_deref() {
-            // Challenge: the connecting side must prove the secret over our fresh nonce
-            // before it gets anywhere near an endpoint.
-            let n = nonce();
-            let mut challenge = reply;
-            challenge.status = HandshakeStatus::AuthRequired;
-            challenge.auth[..NONCE_LEN].copy_from_slice(&n);
-            stream.write_all(&challenge.encode())?;
-            let mut buf = [0u8; HANDSHAKE_LEN];
-            let proof = read_handshake(&mut stream, &mut buf).and_then(|()| {
-                AuthProof::decode(&buf).map_err(|source| Error::Handshake { peer: from, source })
-            });
-            let want = auth_mac(
-                secret,
-                AuthRole::Connector,
-                &hello.nonce,
-                &n,
-                hello.session_id,
-                hello.rail_index,
-            );
-            match proof {
-                Ok(p) if mac_eq(&p.mac, &want) => {}
-                other => {
-                    refuse(stream, reply, HandshakeStatus::AuthFailed);
-                    let reason = match other {
-                        Ok(_) => "wrong proof: the cluster secrets differ".to_string(),
-                        Err(e) => format!("no valid proof: {e}"),
-                    };
-                    return Err(Error::Auth { peer: from, reason });
-                }
-            }
-            reply.auth = auth_mac(
-                secret,
-                AuthRole::Acceptor,
-                &hello.nonce,
-                &n,
-                hello.session_id,
-                hello.rail_index,
-            );
-        }
-        if hello.capabilities & caps::REJOIN != 0 {
-            // A failed rail of an endpoint accepted earlier comes back.
-            let ep = self
-                .ctx
-                .inner
-                .live
-                .lock()
-                .get(&hello.session_id)
-                .and_then(Weak::upgrade);
-            let Some(ep) = ep.filter(|e| (hello.rail_index as usize) < e.rails.len()) else {
-                let status = refuse(stream, reply, HandshakeStatus::Refused);
-                return Err(Error::Refused {
-                    peer: from,
-                    rail: hello.rail_index,
-                    status,
-                });
-            };
-            reply.capabilities = if ep.session.lock().config().payload_crc {
-                caps::PAYLOAD_CRC32C
-            } else {
-                0
-            };
-            stream.write_all(&reply.encode())?;
-            stream.set_read_timeout(None)?;
-            stream.set_write_timeout(None)?;
-            self.ctx.inner.engine.send(Command::Restore {
-                id: ep.id,
-                rail: hello.rail_index as usize,
-                stream,
-            });
-            return Ok(None);
-        }
-        let mut pending = self.pending.lock();
-        let p = pending
-            .entry(hello.session_id)
-            .or_insert_with(|| PendingSession {
-                rails: (0..hello.rail_count).map(|_| None).collect(),
-                since: Instant::now(),
-            });
-        let idx = hello.rail_index as usize;
-        if p.rails.len() != hello.rail_count as usize || p.rails[idx].is_some() {
-            drop(pending);
-            let status = refuse(stream, reply, HandshakeStatus::BadRail);
-            return Err(Error::Refused {
-                peer: from,
-                rail: hello.rail_index,
-                status,
-            });
-        }
-        reply.status = HandshakeStatus::Accepted;
-        stream.write_all(&reply.encode())?;
-        stream.set_read_timeout(None)?;
-        stream.set_write_timeout(None)?;
-        p.rails[idx] = Some(stream);
-        if p.rails.iter().all(Option::is_some) {
-            let p = pending.remove(&hello.session_id).expect("present");
-            return Ok(Some((
-                p.rails
-                    .into_iter()
-                    .map(|s| s.expect("all present"))
-                    .collect(),
-                crc,
-                hello.session_id,
-            )));
-        }
-        Ok(None)
-    }
 }

@@ -105,6 +105,52 @@ pub fn auth_mac(
     session_id: u64,
     rail_index: u16,
 ) -> [u8; MAC_LEN] {
+    use hmac::Mac;
+    auth_hmac(
+        secret,
+        role,
+        connector_nonce,
+        acceptor_nonce,
+        session_id,
+        rail_index,
+    )
+    .finalize()
+    .into_bytes()
+    .into()
+}
+
+/// Whether `proof` is the [`auth_mac`] of these inputs, compared in constant time (the
+/// `hmac` crate's `verify_slice`), so a forger learns nothing from how long a refusal takes.
+pub fn verify_auth_mac(
+    secret: &[u8],
+    role: AuthRole,
+    connector_nonce: &[u8; NONCE_LEN],
+    acceptor_nonce: &[u8; NONCE_LEN],
+    session_id: u64,
+    rail_index: u16,
+    proof: &[u8],
+) -> bool {
+    use hmac::Mac;
+    auth_hmac(
+        secret,
+        role,
+        connector_nonce,
+        acceptor_nonce,
+        session_id,
+        rail_index,
+    )
+    .verify_slice(proof)
+    .is_ok()
+}
+
+fn auth_hmac(
+    secret: &[u8],
+    role: AuthRole,
+    connector_nonce: &[u8; NONCE_LEN],
+    acceptor_nonce: &[u8; NONCE_LEN],
+    session_id: u64,
+    rail_index: u16,
+) -> hmac::Hmac<sha2::Sha256> {
     use hmac::{KeyInit, Mac};
     let mut m = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret)
         .expect("HMAC takes keys of any length");
@@ -116,12 +162,7 @@ pub fn auth_mac(
     m.update(acceptor_nonce);
     m.update(&session_id.to_le_bytes());
     m.update(&rail_index.to_le_bytes());
-    m.finalize().into_bytes().into()
-}
-
-/// Compares two proofs in constant time.
-pub fn mac_eq(a: &[u8; MAC_LEN], b: &[u8; MAC_LEN]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    m
 }
 
 /// Outcome of a rail handshake as reported by the accepting side.
@@ -378,17 +419,71 @@ mod tests {
             base,
             auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[2; 16], 9, 0)
         );
-        for other in [
-            auth_mac(b"secreT", AuthRole::Connector, &[1; 16], &[2; 16], 9, 0),
-            auth_mac(b"secret", AuthRole::Acceptor, &[1; 16], &[2; 16], 9, 0),
-            auth_mac(b"secret", AuthRole::Connector, &[0; 16], &[2; 16], 9, 0),
-            auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[3; 16], 9, 0),
-            auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[2; 16], 8, 0),
-            auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[2; 16], 9, 1),
+        let verify = |secret: &[u8], role, cn: [u8; 16], an: [u8; 16], sid, rail| {
+            verify_auth_mac(secret, role, &cn, &an, sid, rail, &base)
+        };
+        assert!(verify(
+            b"secret",
+            AuthRole::Connector,
+            [1; 16],
+            [2; 16],
+            9,
+            0
+        ));
+        for (other, verified) in [
+            (
+                auth_mac(b"secreT", AuthRole::Connector, &[1; 16], &[2; 16], 9, 0),
+                verify(b"secreT", AuthRole::Connector, [1; 16], [2; 16], 9, 0),
+            ),
+            (
+                auth_mac(b"secret", AuthRole::Acceptor, &[1; 16], &[2; 16], 9, 0),
+                verify(b"secret", AuthRole::Acceptor, [1; 16], [2; 16], 9, 0),
+            ),
+            (
+                auth_mac(b"secret", AuthRole::Connector, &[0; 16], &[2; 16], 9, 0),
+                verify(b"secret", AuthRole::Connector, [0; 16], [2; 16], 9, 0),
+            ),
+            (
+                auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[3; 16], 9, 0),
+                verify(b"secret", AuthRole::Connector, [1; 16], [3; 16], 9, 0),
+            ),
+            (
+                auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[2; 16], 8, 0),
+                verify(b"secret", AuthRole::Connector, [1; 16], [2; 16], 8, 0),
+            ),
+            (
+                auth_mac(b"secret", AuthRole::Connector, &[1; 16], &[2; 16], 9, 1),
+                verify(b"secret", AuthRole::Connector, [1; 16], [2; 16], 9, 1),
+            ),
         ] {
-            assert!(!mac_eq(&base, &other));
+            assert_ne!(other, base);
+            assert!(!verified);
         }
-        assert!(mac_eq(&base, &base));
+        // Any single flipped bit, and a truncated or empty proof, fail.
+        for i in 0..MAC_LEN * 8 {
+            let mut p = base;
+            p[i / 8] ^= 1 << (i % 8);
+            assert!(!verify_auth_mac(
+                b"secret",
+                AuthRole::Connector,
+                &[1; 16],
+                &[2; 16],
+                9,
+                0,
+                &p
+            ));
+        }
+        for p in [&base[..MAC_LEN - 1], &[][..]] {
+            assert!(!verify_auth_mac(
+                b"secret",
+                AuthRole::Connector,
+                &[1; 16],
+                &[2; 16],
+                9,
+                0,
+                p
+            ));
+        }
     }
 
     proptest! {

@@ -1,0 +1,509 @@
+//! The accepting side: a [`Listener`], the background thread that accepts connections, and
+//! the accepting side of each rail's handshake, run concurrently, one thread per connection.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::{Context, nonce};
+use crate::endpoint::{Endpoint, EndpointOptions};
+use crate::engine::Command;
+use crate::error::Error;
+use crate::wire::handshake::{
+    AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, MAC_LEN, MAX_RAILS, NONCE_LEN, auth_mac,
+    caps, verify_auth_mac,
+};
+use crate::wire::{HandshakeStatus, Hello, HelloReply};
+
+/// How long a rail's whole handshake may take on the accepting side.
+const ACCEPT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A session whose rails do not all arrive within this time is dropped.
+const PENDING_SESSION_TIMEOUT: Duration = Duration::from_secs(15);
+/// Stack of a handshake thread: it only decodes 64-byte messages and computes an HMAC.
+const HANDSHAKE_STACK: usize = 128 << 10;
+
+/// Reads one handshake message, the whole of it before `deadline` (however the peer
+/// dribbles its bytes).
+fn read_handshake(
+    stream: &mut TcpStream,
+    buf: &mut [u8; HANDSHAKE_LEN],
+    deadline: Instant,
+) -> Result<(), Error> {
+    let timeout = || Error::Timeout("waiting for the rail handshake".into());
+    let mut got = 0;
+    while got < HANDSHAKE_LEN {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timeout());
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("the peer closed after {got} bytes of the rail handshake"),
+                )));
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(timeout());
+            }
+            Err(e) => return Err(Error::Io(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Writes one handshake message, bounded by `deadline`.
+fn write_handshake(stream: &mut TcpStream, msg: &[u8], deadline: Instant) -> Result<(), Error> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Error::Timeout("sending the rail handshake".into()));
+    }
+    stream.set_write_timeout(Some(left))?;
+    stream.write_all(msg)?;
+    Ok(())
+}
+
+struct PendingSession {
+    rails: Vec<Option<TcpStream>>,
+    since: Instant,
+}
+
+/// Accepts endpoints whose rails connect to its addresses. Rails of one endpoint are joined
+/// by the session id of their handshake, whichever address they arrive on.
+///
+/// A background thread accepts connections as long as the listener exists, so that a failed
+/// rail of an endpoint accepted here can re-join it at any time. Each connection's
+/// handshake runs on a thread of its own, bounded by 5 s in all (however slowly the peer
+/// sends its bytes), so a connection that says nothing, or dribbles its hello, delays no
+/// other peer. At most [`Listener::MAX_HALF_OPEN`] handshakes are in progress at once:
+/// when another connection arrives, the oldest unfinished one is closed to make room (a
+/// flood of silent connections then has to outpace real peers' handshakes, which take a
+/// round trip, to hold them off). Each costs a thread with a small stack while it lasts.
+pub struct Listener {
+    shared: Arc<ListenerShared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct ListenerShared {
+    ctx: Context,
+    sockets: Vec<TcpListener>,
+    pending: Mutex<HashMap<u64, PendingSession>>,
+    /// Sessions whose rails have all arrived: (rails, payload CRC, session id).
+    ready: Mutex<std::collections::VecDeque<(Vec<TcpStream>, bool, u64)>>,
+    ready_cv: parking_lot::Condvar,
+    /// The acceptor asks for payload CRCs (set from the options of `accept`).
+    want_crc: AtomicBool,
+    chunk_size: std::sync::atomic::AtomicU32,
+    closed: AtomicBool,
+    /// Connections whose handshake is in progress.
+    half_open: Mutex<HalfOpen>,
+}
+
+/// The connections whose handshake is in progress, oldest first, each as a second handle of
+/// its socket by which it can be closed from outside its handshake thread.
+#[derive(Default)]
+struct HalfOpen {
+    next_id: u64,
+    conns: std::collections::VecDeque<(u64, TcpStream)>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("addrs", &self.local_addrs())
+            .finish()
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.close();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Listener {
+    /// Most handshakes in progress at once on one listener (see [`Listener`]).
+    pub const MAX_HALF_OPEN: usize = 64;
+
+    pub(super) fn start(ctx: Context, sockets: Vec<TcpListener>) -> Result<Listener, Error> {
+        let shared = Arc::new(ListenerShared {
+            ctx,
+            sockets,
+            pending: Mutex::new(HashMap::new()),
+            ready: Mutex::new(std::collections::VecDeque::new()),
+            ready_cv: parking_lot::Condvar::new(),
+            want_crc: AtomicBool::new(false),
+            chunk_size: std::sync::atomic::AtomicU32::new(
+                crate::proto::SessionConfig::default().chunk_size as u32,
+            ),
+            closed: AtomicBool::new(false),
+            half_open: Mutex::new(HalfOpen::default()),
+        });
+        let s2 = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("braid-listener".into())
+            .spawn(move || s2.run())?;
+        Ok(Listener {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound addresses (with the ports the kernel chose for port 0).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.shared
+            .sockets
+            .iter()
+            .filter_map(|s| s.local_addr().ok())
+            .collect()
+    }
+
+    /// Waits up to `timeout` for an endpoint whose rails have all connected and completed
+    /// the handshake. Rails that fail the handshake are refused and logged, and do not end
+    /// the wait.
+    pub fn accept(&self, opts: &EndpointOptions, timeout: Duration) -> Result<Endpoint, Error> {
+        let sh = &self.shared;
+        sh.want_crc
+            .store(opts.session.payload_crc, Ordering::Release);
+        sh.chunk_size
+            .store(opts.session.chunk_size as u32, Ordering::Release);
+        let deadline = Instant::now() + timeout;
+        let mut ready = sh.ready.lock();
+        loop {
+            if sh.closed.load(Ordering::Acquire) {
+                return Err(Error::InvalidArgument("listener closed".into()));
+            }
+            if let Some((streams, crc, session_id)) = ready.pop_front() {
+                drop(ready);
+                let ep = sh.ctx.start_endpoint(streams, opts, crc, None)?;
+                let mut live = sh.ctx.inner.live.lock();
+                live.retain(|_, w| w.strong_count() > 0);
+                live.insert(session_id, Arc::downgrade(&ep.shared));
+                return Ok(ep);
+            }
+            if sh.ready_cv.wait_until(&mut ready, deadline).timed_out() && ready.is_empty() {
+                return Err(Error::Timeout("no endpoint connected".into()));
+            }
+        }
+    }
+
+    /// Stops accepting; rails of incomplete sessions are closed. Endpoints already accepted
+    /// keep running, but their failed rails can no longer re-join.
+    pub fn close(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.pending.lock().clear();
+        for (_, c) in self.shared.half_open.lock().conns.drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        self.shared.ready_cv.notify_all();
+    }
+}
+
+impl ListenerShared {
+    /// The background loop: accept connections and start their handshakes until closed.
+    fn run(self: &Arc<Self>) {
+        while !self.closed.load(Ordering::Acquire) {
+            self.pending.lock().retain(|id, p| {
+                let keep = p.since.elapsed() < PENDING_SESSION_TIMEOUT;
+                if !keep {
+                    tracing::warn!(
+                        session = id,
+                        "dropping a session whose rails did not all arrive"
+                    );
+                }
+                keep
+            });
+            let mut fds: Vec<libc::pollfd> = self
+                .sockets
+                .iter()
+                .map(|s| libc::pollfd {
+                    fd: s.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            // SAFETY: fds is a valid array of pollfd; 100 ms bounds the reaction to close().
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 100) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                tracing::error!("listener poll failed: {e}");
+                break;
+            }
+            for (i, pfd) in fds.iter().enumerate() {
+                if pfd.revents == 0 {
+                    continue;
+                }
+                let (stream, from) = match self.sockets[i].accept() {
+                    Ok(x) => x,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        continue;
+                    }
+                };
+                self.start_handshake(stream, from);
+            }
+        }
+    }
+
+    /// Runs the handshake of a connection just accepted on a thread of its own, first making
+    /// room among the half-open connections if need be.
+    fn start_handshake(self: &Arc<Self>, stream: TcpStream, from: SocketAddr) {
+        let handle = match stream.try_clone() {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(peer = %from, "refused a rail: {e}");
+                return;
+            }
+        };
+        let id = {
+            let mut h = self.half_open.lock();
+            while h.conns.len() >= Listener::MAX_HALF_OPEN {
+                let (_, oldest) = h.conns.pop_front().expect("the table is full");
+                tracing::warn!(
+                    peer = ?oldest.peer_addr().ok(),
+                    "closing the oldest unfinished rail handshake: {} in progress",
+                    Listener::MAX_HALF_OPEN
+                );
+                let _ = oldest.shutdown(Shutdown::Both);
+            }
+            let id = h.next_id;
+            h.next_id += 1;
+            h.conns.push_back((id, handle));
+            id
+        };
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("braid-handshake".into())
+            .stack_size(HANDSHAKE_STACK)
+            .spawn(move || {
+                let deadline = Instant::now() + ACCEPT_HANDSHAKE_TIMEOUT;
+                let outcome = me.handshake(stream, from, id, deadline);
+                me.leave_half_open(id);
+                match outcome {
+                    Ok(Some(done)) => {
+                        me.ready.lock().push_back(done);
+                        me.ready_cv.notify_all();
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(peer = %from, "refused a rail: {e}"),
+                }
+            });
+        if let Err(e) = spawned {
+            // The connection went with the closure: it is closed.
+            self.leave_half_open(id);
+            tracing::warn!(peer = %from, "refused a rail: cannot start its handshake: {e}");
+        }
+    }
+
+    /// Takes connection `id` off the half-open list; false if it was no longer there (closed
+    /// to make room, or by `close`).
+    fn leave_half_open(&self, id: u64) -> bool {
+        let mut h = self.half_open.lock();
+        match h.conns.iter().position(|(i, _)| *i == id) {
+            Some(p) => {
+                h.conns.remove(p);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Just before a handshake hands its connection on (to a session or an endpoint): off
+    /// the half-open list, so that nothing closes it any more; an error if it was closed.
+    fn commit(&self, id: u64, from: SocketAddr) -> Result<(), Error> {
+        if self.closed.load(Ordering::Acquire) || !self.leave_half_open(id) {
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                format!("the handshake of {from} was closed before it completed"),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs the accepting side of one rail's handshake; returns the session's rails once
+    /// they are all there.
+    fn handshake(
+        &self,
+        mut stream: TcpStream,
+        from: SocketAddr,
+        id: u64,
+        deadline: Instant,
+    ) -> Result<Option<(Vec<TcpStream>, bool, u64)>, Error> {
+        stream.set_nonblocking(false)?;
+        let mut buf = [0u8; HANDSHAKE_LEN];
+        read_handshake(&mut stream, &mut buf, deadline)?;
+        let hello =
+            Hello::decode(&buf).map_err(|source| Error::Handshake { peer: from, source })?;
+        let crc =
+            self.want_crc.load(Ordering::Acquire) || hello.capabilities & caps::PAYLOAD_CRC32C != 0;
+        let mut reply = HelloReply {
+            version: HANDSHAKE_VERSION,
+            rail_index: hello.rail_index,
+            rail_count: hello.rail_count,
+            status: HandshakeStatus::Accepted,
+            capabilities: if crc { caps::PAYLOAD_CRC32C } else { 0 },
+            max_chunk: self.chunk_size.load(Ordering::Acquire),
+            session_id: hello.session_id,
+            auth: [0; MAC_LEN],
+        };
+        let refuse = |mut stream: TcpStream, mut reply: HelloReply, status| {
+            reply.status = status;
+            let _ = write_handshake(&mut stream, &reply.encode(), deadline);
+            status
+        };
+        if hello.version != HANDSHAKE_VERSION {
+            refuse(stream, reply, HandshakeStatus::VersionUnsupported);
+            return Err(Error::VersionMismatch {
+                peer: from,
+                ours: HANDSHAKE_VERSION,
+                theirs: hello.version,
+            });
+        }
+        if hello.rail_count == 0
+            || hello.rail_count > MAX_RAILS
+            || hello.rail_index >= hello.rail_count
+        {
+            let status = refuse(stream, reply, HandshakeStatus::BadRail);
+            return Err(Error::Refused {
+                peer: from,
+                rail: hello.rail_index,
+                status,
+            });
+        }
+        if let Some(secret) = self.ctx.inner.secret.as_deref() {
+            // Challenge: the connecting side must prove the secret over our fresh nonce
+            // before it gets anywhere near an endpoint.
+            let n = nonce();
+            let mut challenge = reply;
+            challenge.status = HandshakeStatus::AuthRequired;
+            challenge.auth[..NONCE_LEN].copy_from_slice(&n);
+            write_handshake(&mut stream, &challenge.encode(), deadline)?;
+            let mut buf = [0u8; HANDSHAKE_LEN];
+            let proof = read_handshake(&mut stream, &mut buf, deadline).and_then(|()| {
+                AuthProof::decode(&buf).map_err(|source| Error::Handshake { peer: from, source })
+            });
+            let proven = |p: &AuthProof| {
+                verify_auth_mac(
+                    secret,
+                    AuthRole::Connector,
+                    &hello.nonce,
+                    &n,
+                    hello.session_id,
+                    hello.rail_index,
+                    &p.mac,
+                )
+            };
+            match proof {
+                Ok(p) if proven(&p) => {}
+                other => {
+                    refuse(stream, reply, HandshakeStatus::AuthFailed);
+                    let reason = match other {
+                        Ok(_) => "wrong proof: the cluster secrets differ".to_string(),
+                        Err(e) => format!("no valid proof: {e}"),
+                    };
+                    return Err(Error::Auth { peer: from, reason });
+                }
+            }
+            reply.auth = auth_mac(
+                secret,
+                AuthRole::Acceptor,
+                &hello.nonce,
+                &n,
+                hello.session_id,
+                hello.rail_index,
+            );
+        }
+        if hello.capabilities & caps::REJOIN != 0 {
+            // A failed rail of an endpoint accepted earlier comes back.
+            let ep = self
+                .ctx
+                .inner
+                .live
+                .lock()
+                .get(&hello.session_id)
+                .and_then(Weak::upgrade);
+            let Some(ep) = ep.filter(|e| (hello.rail_index as usize) < e.rails.len()) else {
+                let status = refuse(stream, reply, HandshakeStatus::Refused);
+                return Err(Error::Refused {
+                    peer: from,
+                    rail: hello.rail_index,
+                    status,
+                });
+            };
+            reply.capabilities = if ep.session.lock().config().payload_crc {
+                caps::PAYLOAD_CRC32C
+            } else {
+                0
+            };
+            self.commit(id, from)?;
+            write_handshake(&mut stream, &reply.encode(), deadline)?;
+            stream.set_read_timeout(None)?;
+            stream.set_write_timeout(None)?;
+            self.ctx.inner.engine.send(Command::Restore {
+                id: ep.id,
+                rail: hello.rail_index as usize,
+                stream,
+            });
+            return Ok(None);
+        }
+        let mut pending = self.pending.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::InvalidArgument("listener closed".into()));
+        }
+        let p = pending
+            .entry(hello.session_id)
+            .or_insert_with(|| PendingSession {
+                rails: (0..hello.rail_count).map(|_| None).collect(),
+                since: Instant::now(),
+            });
+        let idx = hello.rail_index as usize;
+        if p.rails.len() != hello.rail_count as usize || p.rails[idx].is_some() {
+            drop(pending);
+            let status = refuse(stream, reply, HandshakeStatus::BadRail);
+            return Err(Error::Refused {
+                peer: from,
+                rail: hello.rail_index,
+                status,
+            });
+        }
+        reply.status = HandshakeStatus::Accepted;
+        self.commit(id, from)?;
+        write_handshake(&mut stream, &reply.encode(), deadline)?;
+        stream.set_read_timeout(None)?;
+        stream.set_write_timeout(None)?;
+        p.rails[idx] = Some(stream);
+        if p.rails.iter().all(Option::is_some) {
+            let p = pending.remove(&hello.session_id).expect("present");
+            return Ok(Some((
+                p.rails
+                    .into_iter()
+                    .map(|s| s.expect("all present"))
+                    .collect(),
+                crc,
+                hello.session_id,
+            )));
+        }
+        Ok(None)
+    }
+}
