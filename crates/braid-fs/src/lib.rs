@@ -1,0 +1,7 @@
+//! # braid-fs
+//!
+//! A remote file service on braid (see the repository's `docs/FS.md`).
+
+#![warn(missing_docs)]
+
+pub mod proto;
