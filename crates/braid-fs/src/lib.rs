@@ -4,5 +4,6 @@
 
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod proto;
 pub mod server;

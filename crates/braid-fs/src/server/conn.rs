@@ -67,7 +67,6 @@ pub(crate) struct Conn {
 impl Conn {
     pub(crate) fn new(ctx: &Context, ep: Endpoint) -> Result<Arc<Conn>, braid::Error> {
         let hello_buf = ctx.alloc_region(HELLO_LEN, Access::LOCAL_WRITE)?;
-        ep.post_recv(HELLO, &[hello_buf.as_sge()])?;
         Ok(Arc::new(Conn {
             ep,
             hello_buf,
@@ -76,6 +75,11 @@ impl Conn {
             client: Mutex::new(ClientState::default()),
             dead: AtomicBool::new(false),
         }))
+    }
+
+    /// Posts the receive for the hello (once the connection can be found by its completions).
+    pub(crate) fn post_hello(&self) -> Result<(), braid::Error> {
+        self.ep.post_recv(HELLO, &[self.hello_buf.as_sge()])
     }
 
     /// Marks the connection dead; true for the first caller (who cleans up).

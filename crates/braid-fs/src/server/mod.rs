@@ -212,12 +212,21 @@ impl Shared {
                 }
             };
             let id = ep.id();
-            match Conn::new(&self.ctx, ep) {
-                Ok(c) => {
-                    tracing::debug!(endpoint = id, "client endpoint connected");
-                    self.conns.write().insert(id, c);
+            let conn = match Conn::new(&self.ctx, ep) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("setting up an endpoint failed: {e}");
+                    continue;
                 }
-                Err(e) => tracing::warn!("setting up an endpoint failed: {e}"),
+            };
+            // In the table before the first receive is posted: its completion looks it up.
+            self.conns.write().insert(id, conn.clone());
+            match conn.post_hello() {
+                Ok(()) => tracing::debug!(endpoint = id, "client endpoint connected"),
+                Err(e) => {
+                    tracing::warn!("posting the hello receive failed: {e}");
+                    self.drop_conn(&conn);
+                }
             }
         }
     }
