@@ -18,9 +18,6 @@ use super::data::DataCb;
 use super::{Error, Inner};
 use crate::proto::{Errno, Mapped, RegionInfo, Reply, Request};
 
-/// How far ahead of a sequential reader the server is asked to read into its page cache.
-const READ_AHEAD: u64 = 16 << 20;
-
 /// Receives the bytes read (fewer than asked at the end of the file) or the error.
 pub(crate) type ReadCb = Box<dyn FnOnce(Result<usize, Error>) + Send>;
 /// Runs once the file has no writes in flight or queued.
@@ -73,10 +70,6 @@ struct FileInner {
     /// Written since the last commit.
     dirty: bool,
     idle: Vec<IdleCb>,
-    /// Where the last read ended (sequential readers start the next one there).
-    last_read_end: u64,
-    /// The server was asked to read ahead up to here.
-    advised: u64,
 }
 
 impl FileInner {
@@ -124,7 +117,6 @@ impl FileState {
     /// was known, unless writes of this client are still in flight).
     pub(crate) fn opened(&self, size: u64, region: Option<RegionInfo>) {
         let mut g = self.inner.lock();
-        g.advised = 0;
         if !g.busy_writing() && g.growing.is_none() {
             g.size = size;
         } else {
@@ -191,7 +183,6 @@ impl FileState {
         let mut later = Later::new();
         {
             let mut g = self.inner.lock();
-            Self::advise(&mut g, c, fh, offset, offset + op.local.len as u64);
             if g.queue.is_empty() {
                 self.start_read(&mut g, c, op, &mut later);
             } else {
@@ -231,30 +222,6 @@ impl FileState {
             }
         }
         run(later);
-    }
-
-    /// One-sided reads are invisible to the server, so its page cache reads ahead only as
-    /// far as its page faults: a sequential reader asks it to read the next 16-32 MiB with
-    /// `Advise` (one request per 16 MiB).
-    fn advise(g: &mut FileInner, c: &Arc<Inner>, fh: u64, offset: u64, end: u64) {
-        let sequential = offset == g.last_read_end || offset == 0;
-        g.last_read_end = end;
-        if !sequential || g.advised >= end + READ_AHEAD {
-            return;
-        }
-        let from = g.advised.max(end);
-        let to = (end + 2 * READ_AHEAD).min(g.size);
-        if to <= from {
-            return;
-        }
-        g.advised = to;
-        let hint = Request::Advise {
-            fh,
-            offset: from,
-            len: to - from,
-        };
-        // A hint: its reply (or failure) does not matter.
-        let _ = c.rpc.call(&hint, Box::new(|_| {}));
     }
 
     fn start_read(

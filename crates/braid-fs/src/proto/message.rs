@@ -218,17 +218,6 @@ pub enum Request {
     },
     /// File system statistics.
     StatFs,
-    /// A hint: the client will read `[offset, offset + len)` soon, so the server starts
-    /// reading it into its page cache (one-sided reads never tell the server where a reader
-    /// is). Answered at once.
-    Advise {
-        /// The handle.
-        fh: u64,
-        /// First byte.
-        offset: u64,
-        /// Bytes.
-        len: u64,
-    },
 }
 
 /// The reply to `Hello`.
@@ -277,7 +266,7 @@ pub enum Reply {
     Entry(Entry),
     /// To `GetAttr`, `SetAttr`, `Commit`.
     Attr(Attr),
-    /// To `Forget`, `Unlink`, `Rmdir`, `Rename`, `Release`, `ReleaseDir`, `Advise`.
+    /// To `Forget`, `Unlink`, `Rmdir`, `Rename`, `Release`, `ReleaseDir`.
     Empty,
     /// To `ReadLink`.
     Link(Vec<u8>),
@@ -326,11 +315,10 @@ pub enum Op {
     ReadDir = 22,
     ReleaseDir = 23,
     StatFs = 24,
-    Advise = 25,
 }
 
 impl Op {
-    const ALL: [Op; 25] = [
+    const ALL: [Op; 24] = [
         Op::Hello,
         Op::Lookup,
         Op::Walk,
@@ -355,7 +343,6 @@ impl Op {
         Op::ReadDir,
         Op::ReleaseDir,
         Op::StatFs,
-        Op::Advise,
     ];
 
     /// The op with this code.
@@ -392,7 +379,6 @@ impl Request {
             Request::ReadDir { .. } => Op::ReadDir,
             Request::ReleaseDir { .. } => Op::ReleaseDir,
             Request::StatFs => Op::StatFs,
-            Request::Advise { .. } => Op::Advise,
         }
     }
 
@@ -671,11 +657,6 @@ pub fn encode_request(id: u64, req: &Request) -> Result<Vec<u8>, EncodeError> {
             w.u32(*max_bytes);
         }
         Request::StatFs => {}
-        Request::Advise { fh, offset, len } => {
-            w.u64(*fh);
-            w.u64(*offset);
-            w.u64(*len);
-        }
     }
     finish(w)
 }
@@ -812,11 +793,6 @@ pub fn decode_request(buf: &[u8]) -> Result<(u64, Request), DecodeError> {
             max_bytes: r.u32()?,
         },
         Op::StatFs => Request::StatFs,
-        Op::Advise => Request::Advise {
-            fh: r.u64()?,
-            offset: r.u64()?,
-            len: r.u64()?,
-        },
     };
     r.finish()?;
     Ok((h.id, req))
@@ -920,13 +896,7 @@ fn reply_op_matches(op: Op, reply: &Reply) -> Result<(), ()> {
         Reply::Attr(_) => matches!(op, Op::GetAttr | Op::SetAttr | Op::Commit),
         Reply::Empty => matches!(
             op,
-            Op::Forget
-                | Op::Unlink
-                | Op::Rmdir
-                | Op::Rename
-                | Op::Release
-                | Op::ReleaseDir
-                | Op::Advise
+            Op::Forget | Op::Unlink | Op::Rmdir | Op::Rename | Op::Release | Op::ReleaseDir
         ),
         Reply::Link(_) => op == Op::ReadLink,
         Reply::Opened(_) => op == Op::Open,
@@ -966,13 +936,9 @@ pub fn decode_reply(buf: &[u8]) -> Result<(u64, Op, Result<Reply, Errno>), Decod
             Reply::Entry(Entry::get(r)?)
         }
         Op::GetAttr | Op::SetAttr | Op::Commit => Reply::Attr(Attr::get(r)?),
-        Op::Forget
-        | Op::Unlink
-        | Op::Rmdir
-        | Op::Rename
-        | Op::Release
-        | Op::ReleaseDir
-        | Op::Advise => Reply::Empty,
+        Op::Forget | Op::Unlink | Op::Rmdir | Op::Rename | Op::Release | Op::ReleaseDir => {
+            Reply::Empty
+        }
         Op::ReadLink => Reply::Link(get_path(r, "symlink target")?),
         Op::Open => Reply::Opened(get_opened(r)?),
         Op::Create => Reply::Created(Entry::get(r)?, get_opened(r)?),

@@ -198,11 +198,6 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         any::<u64>().prop_map(|dh| Request::ReleaseDir { dh }),
         Just(Request::StatFs),
-        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(fh, offset, len)| Request::Advise {
-            fh,
-            offset,
-            len
-        }),
     ]
 }
 
@@ -305,7 +300,7 @@ proptest! {
 
     /// Arbitrary bytes behind a valid header: both decoders return, whatever the body.
     #[test]
-    fn hostile_bodies_never_panic(op in 1u16..=26, reply in any::<bool>(), status in prop_oneof![Just(0u32), any::<u32>()], body in proptest::collection::vec(any::<u8>(), 0..200)) {
+    fn hostile_bodies_never_panic(op in 1u16..=25, reply in any::<bool>(), status in prop_oneof![Just(0u32), any::<u32>()], body in proptest::collection::vec(any::<u8>(), 0..200)) {
         let mut m = Vec::new();
         m.extend_from_slice(&MAGIC.to_le_bytes());
         m.push(VERSION);

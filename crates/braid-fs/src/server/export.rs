@@ -463,16 +463,6 @@ impl Export {
                 cs.lock().dirs.remove(&dh).ok_or(Errno::EBADF)?;
                 Ok(Reply::Empty)
             }
-            Request::Advise { fh, offset, len } => {
-                let f = cs.lock().file(fh)?;
-                let len = std::num::NonZeroU64::new(len.min(1 << 30));
-                if let Err(e) =
-                    rustix::fs::fadvise(&f.fd, offset, len, rustix::fs::Advice::WillNeed)
-                {
-                    tracing::debug!("read-ahead hint: {e}");
-                }
-                Ok(Reply::Empty)
-            }
             Request::StatFs => {
                 let root = self.table.get(self.root()?.node)?;
                 let s = rustix::fs::fstatvfs(&root.fd)?;
