@@ -40,6 +40,9 @@ pub struct ServeArgs {
     /// Threads carrying out requests.
     #[arg(long, default_value_t = 4)]
     workers: usize,
+    /// Microseconds an idle worker busy-polls before sleeping.
+    #[arg(long, default_value_t = 20)]
+    poll_spin_us: u64,
 }
 
 /// `braid fs mount`.
@@ -63,6 +66,12 @@ pub struct MountArgs {
     /// Read-ahead of the mount in KiB.
     #[arg(long, default_value_t = 8192)]
     readahead_kib: u32,
+    /// Microseconds the completion thread busy-polls before sleeping.
+    #[arg(long, default_value_t = 20)]
+    poll_spin_us: u64,
+    /// Threads reading /dev/fuse.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
     /// Where to mount.
     mountpoint: PathBuf,
 }
@@ -100,6 +109,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
     let mut cfg = ServerConfig::new(&a.export, a.listen.iter().map(|s| (*s).into()).collect());
     cfg.read_only = a.read_only;
     cfg.workers = a.workers.clamp(1, 64);
+    cfg.poll_spin = Duration::from_micros(a.poll_spin_us.min(100_000));
     let server = Server::start(&ctx, cfg)?;
     let addrs: Vec<String> = server.local_addrs().iter().map(|s| s.to_string()).collect();
     eprintln!(
@@ -132,6 +142,7 @@ fn mount_cmd(a: &MountArgs) -> Result<()> {
     cfg.sync_on_close = a.sync_on_close;
     cfg.allow_other = a.allow_other;
     cfg.readahead_kib = a.readahead_kib.max(4);
+    cfg.threads = a.threads.clamp(1, 64);
     cfg.fsname = format!("braid-fs:{}", a.rails[0].remote);
     let m = mount(client, cfg)?;
     eprintln!(

@@ -55,6 +55,11 @@ pub struct ServerConfig {
     pub max_outstanding: usize,
     /// Endpoint tunables (peer timeout, chunk sizes).
     pub session: braid::SessionConfig,
+    /// How long an idle worker busy-polls for the next request before sleeping (default
+    /// 20 µs): a request that arrives meanwhile is read by the worker itself, without
+    /// waking the progress engine and then the worker. Longer spins cost CPU that, on a
+    /// small host, the threads doing the work miss.
+    pub poll_spin: Duration,
 }
 
 impl ServerConfig {
@@ -68,6 +73,7 @@ impl ServerConfig {
             max_clients: 64,
             max_outstanding: 32,
             session: braid::SessionConfig::default(),
+            poll_spin: Duration::from_micros(20),
         }
     }
 }
@@ -120,6 +126,7 @@ impl Server {
         let listener = Arc::new(ctx.listen(&cfg.listen)?);
         let per_client = 2 * cfg.max_outstanding.max(1) + 4;
         let cq = ctx.create_cq(cfg.max_clients.max(1) * 2 * per_client + 64);
+        cq.set_spin(cfg.poll_spin);
         let shared = Arc::new(Shared {
             ctx: ctx.clone(),
             export,
