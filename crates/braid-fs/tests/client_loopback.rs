@@ -300,3 +300,41 @@ fn truncated_on_the_server_under_a_client() {
     // The server still serves.
     assert!(c.getattr(c.root().node).is_ok());
 }
+
+/// Many requests at once from one client: more than the server's receive buffers, so the
+/// client's backlog is used, and replies race the next requests; none is lost and the
+/// connection stays up.
+#[test]
+fn many_concurrent_requests() {
+    let s = setup(false);
+    let c = s.client();
+    let root = c.root().node;
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for _ in 0..500 {
+                    c.getattr(root).unwrap();
+                }
+            })
+        })
+        .collect();
+    // And asynchronous ones beyond the slots, all answered.
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..200 {
+        let tx = tx.clone();
+        c.call_async(
+            &braid_fs::proto::Request::GetAttr { node: root },
+            move |r| {
+                tx.send(r.is_ok()).unwrap();
+            },
+        );
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    for _ in 0..200 {
+        assert!(rx.recv_timeout(Duration::from_secs(30)).unwrap());
+    }
+    assert!(c.is_connected());
+}

@@ -22,11 +22,15 @@ pub(crate) const HELLO: u64 = 1 << 60;
 /// Size of the hello buffer.
 pub(crate) const HELLO_LEN: usize = 4096;
 
-/// Receive and reply buffers of a meta endpoint.
+/// Receive and reply buffers of a meta endpoint. There are twice as many reply buffers as
+/// receive buffers: a client may send its next request as soon as it has a reply, before
+/// this side has seen that reply's send complete.
 pub(crate) struct Buffers {
     pub(crate) recv: Region,
     pub(crate) send: Region,
     free_send: Mutex<Vec<usize>>,
+    /// Replies waiting for a free reply buffer (bounded by the requests outstanding).
+    waiting: Mutex<std::collections::VecDeque<Vec<u8>>>,
     pub(crate) slots: usize,
 }
 
@@ -34,21 +38,59 @@ impl Buffers {
     pub(crate) fn new(ctx: &Context, slots: usize) -> Result<Buffers, braid::Error> {
         Ok(Buffers {
             recv: ctx.alloc_region(slots * MAX_MSG, Access::LOCAL_WRITE)?,
-            send: ctx.alloc_region(slots * MAX_MSG, Access::LOCAL_WRITE)?,
-            free_send: Mutex::new((0..slots).rev().collect()),
+            send: ctx.alloc_region(2 * slots * MAX_MSG, Access::LOCAL_WRITE)?,
+            free_send: Mutex::new((0..2 * slots).rev().collect()),
+            waiting: Mutex::new(std::collections::VecDeque::new()),
             slots,
         })
     }
 
-    /// A free reply buffer; `None` when the client has more requests outstanding than it
-    /// was allowed.
-    pub(crate) fn take_send(&self) -> Option<usize> {
-        self.free_send.lock().pop()
+    /// Sends `msg` from a free reply buffer, or queues it until one is free; `Err` when the
+    /// send cannot be posted (the endpoint failed) or the client has far more requests
+    /// outstanding than it was allowed.
+    pub(crate) fn send_reply(&self, ep: &Endpoint, msg: Vec<u8>) -> Result<(), ()> {
+        let slot = {
+            let mut free = self.free_send.lock();
+            match free.pop() {
+                Some(s) => s,
+                None => {
+                    let mut w = self.waiting.lock();
+                    if w.len() >= 2 * self.slots {
+                        return Err(());
+                    }
+                    w.push_back(msg);
+                    return Ok(());
+                }
+            }
+        };
+        self.post(ep, slot, &msg)
     }
 
-    pub(crate) fn put_send(&self, i: usize) {
-        if i < self.slots {
-            self.free_send.lock().push(i);
+    fn post(&self, ep: &Endpoint, s: usize, msg: &[u8]) -> Result<(), ()> {
+        let sent = self
+            .send
+            .write_at(s * MAX_MSG, msg)
+            .and_then(|()| self.send.slice(s * MAX_MSG, msg.len()))
+            .and_then(|sge| ep.send(SEND | s as u64, &[sge]));
+        if sent.is_err() {
+            self.free_send.lock().push(s);
+            return Err(());
+        }
+        Ok(())
+    }
+
+    /// A reply's send completed: its buffer takes the next waiting reply, if any.
+    pub(crate) fn sent(&self, ep: &Endpoint, s: usize) -> Result<(), ()> {
+        if s >= 2 * self.slots {
+            return Ok(());
+        }
+        let next = self.waiting.lock().pop_front();
+        match next {
+            Some(msg) => self.post(ep, s, &msg),
+            None => {
+                self.free_send.lock().push(s);
+                Ok(())
+            }
         }
     }
 }

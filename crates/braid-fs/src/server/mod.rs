@@ -265,8 +265,10 @@ impl Shared {
                 self.on_request(&conn, (c.wr_id & !RECV) as usize, c.byte_len as usize)
             }
             CompletionKind::Send if c.wr_id & SEND != 0 => {
-                if let Some(b) = conn.bufs.get() {
-                    b.put_send((c.wr_id & !SEND) as usize);
+                if let Some(b) = conn.bufs.get()
+                    && b.sent(&conn.ep, (c.wr_id & !SEND) as usize).is_err()
+                {
+                    self.drop_conn(&conn);
                 }
             }
             CompletionKind::Send => {} // the hello reply
@@ -443,20 +445,11 @@ impl Shared {
                 encode_reply(id, op, &Err(Errno::EIO)).unwrap_or_default()
             }
         };
-        let Some(s) = bufs.take_send() else {
+        if bufs.send_reply(&conn.ep, msg).is_err() {
             tracing::warn!(
                 endpoint = conn.ep.id(),
-                "client exceeded its outstanding requests; closing"
+                "a reply could not be sent (connection failed, or the client exceeded its outstanding requests); closing"
             );
-            return self.drop_conn(conn);
-        };
-        let sent = bufs
-            .send
-            .write_at(s * MAX_MSG, &msg)
-            .and_then(|()| bufs.send.slice(s * MAX_MSG, msg.len()))
-            .and_then(|sge| conn.ep.send(SEND | s as u64, &[sge]));
-        if sent.is_err() {
-            bufs.put_send(s);
             self.drop_conn(conn);
         }
     }
