@@ -115,7 +115,12 @@ impl Cluster {
         spec.hosts = hosts;
         let tb = Testbed::up(&spec).unwrap();
         let export = tempfile::tempdir().unwrap();
-        let port = 18900 + (std::process::id() % 500) as u16 + if tag == "a" { 0 } else { 500 };
+        let slot = match tag {
+            "a" => 0,
+            "b" => 1,
+            _ => 2,
+        };
+        let port = 18900 + (std::process::id() % 300) as u16 + 300 * slot;
         // Host 0 listens on its address towards every other host.
         let listen: Vec<String> = (1..hosts)
             .flat_map(|h| {
@@ -315,6 +320,67 @@ fn server_killed_mid_write() {
     assert!(
         matches!(later.raw_os_error(), Some(libc::EIO) | Some(libc::ENOTCONN)),
         "{later:?}"
+    );
+    let (proc_, guard) = &mut c.mounts[0];
+    assert!(
+        proc_.signal_and_wait(libc::SIGTERM, Duration::from_secs(20)),
+        "mount did not exit"
+    );
+    assert!(!is_mounted(&guard.0));
+}
+
+/// Every rail's link goes down under a reader and a writer (the network is gone, the server
+/// lives): both get EIO or ENOTCONN within the peer timeout (3 s) plus a margin, never a
+/// hang, and SIGTERM unmounts.
+#[test]
+fn network_gone_mid_transfer() {
+    if let Some(why) = skip_reason() {
+        eprintln!("{why}");
+        return;
+    }
+    let mut c = Cluster::up("c", 2);
+    let m = c.mount(1);
+    fs::write(m.join("src"), pattern(32 << 20, 4)).unwrap();
+    let p = m.join("dst");
+    let writer = std::thread::spawn(move || -> Result<(), (std::io::Error, Instant)> {
+        let chunk = pattern(1 << 20, 8);
+        let mut f = fs::File::create(&p).map_err(|e| (e, Instant::now()))?;
+        let start = Instant::now();
+        // Bounded: at most 2 GiB or 60 s.
+        for _ in 0..2048 {
+            if start.elapsed() > Duration::from_secs(60) {
+                break;
+            }
+            f.write_all(&chunk).map_err(|e| (e, Instant::now()))?;
+        }
+        f.sync_all().map_err(|e| (e, Instant::now()))?;
+        Ok(())
+    });
+    wait_for("the write to start", Duration::from_secs(20), || {
+        fs::metadata(c.export.path().join("dst"))
+            .map(|m| m.len() > 4 << 20)
+            .unwrap_or(false)
+    });
+    let down = Instant::now();
+    for r in 0..RAILS {
+        c.tb.set_rail_link(1, r, false).unwrap();
+    }
+    let (e, at) = writer.join().unwrap().expect_err("the write must fail");
+    assert!(
+        matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::ENOTCONN)),
+        "{e:?}"
+    );
+    let took = at.saturating_duration_since(down);
+    eprintln!("links down: the writer got {e} after {took:?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "the error came after {took:?}"
+    );
+    let t = Instant::now();
+    let read = fs::read(m.join("src"));
+    assert!(
+        read.is_err() || t.elapsed() < Duration::from_secs(15),
+        "a read hung"
     );
     let (proc_, guard) = &mut c.mounts[0];
     assert!(

@@ -147,6 +147,11 @@ impl FileState {
         g.dirty || g.busy_writing()
     }
 
+    /// The first write error since the last flush, left in place for the flush to report.
+    pub(crate) fn write_error(&self) -> Option<Errno> {
+        self.inner.lock().error
+    }
+
     /// Takes the dirty flag and the first write error since the last call.
     pub(crate) fn take_flush_state(&self) -> (bool, Option<Errno>) {
         let mut g = self.inner.lock();

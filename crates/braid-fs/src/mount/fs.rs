@@ -614,6 +614,14 @@ impl Filesystem for BraidFs {
         let Some(h) = s.handle(fh) else {
             return reply.error(fuser::Errno::EBADF);
         };
+        // After a failed write (or with the server gone) later writes fail at once, as a
+        // local file system's do after a write-back error, rather than queue up.
+        if let Some(e) = h.state.write_error() {
+            return reply.error(fuser::Errno::from_i32(e.raw()));
+        }
+        if !s.client.is_connected() {
+            return reply.error(fuser::Errno::ENOTCONN);
+        }
         let end = offset.saturating_add(data.len() as u64);
         if data.len() <= INLINE_GROWTH_MAX && end > h.state.size() {
             // A small write that grows the file: one request carries it (after this
