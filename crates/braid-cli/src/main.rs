@@ -18,6 +18,7 @@ use braid_cli::{demo, parse::parse_rate};
 // FILE: {"results":[...]} with size, iterations, bw_mb_s, msg_rate, client_cpu_s_per_gb,
 // server_cpu_s_per_gb (and more).
 mod bench;
+mod fs_cmd;
 
 /// braid: RMA striped over several Ethernet NICs — testbed, baselines, benchmarks, demo.
 #[derive(Parser, Debug)]
@@ -47,6 +48,11 @@ enum Cmd {
     Bench {
         #[command(subcommand)]
         cmd: bench::BenchCmd,
+    },
+    /// The remote file service: `fs serve` exports a directory, `fs mount` mounts it (FUSE).
+    Fs {
+        #[command(subcommand)]
+        cmd: fs_cmd::FsCmd,
     },
     /// Reliability soak on a testbed it makes itself: a random verified operation mix under a
     /// link flap; or --failover-transfer (goodput before/after a rail's loss); or --kill-peer.
@@ -392,6 +398,7 @@ fn real_main() -> Result<()> {
             demo::run(&opts).map(|_| ())
         }
         Cmd::Bench { cmd } => bench::run(cmd),
+        Cmd::Fs { cmd } => fs_cmd::run(cmd),
         Cmd::Soak(a) => braid_cli::soak::main(&a),
         Cmd::SoakPeer(a) => braid_cli::soak::peer_main(&a),
         Cmd::Run(a) => {

@@ -1,0 +1,155 @@
+//! File pages registered as braid regions: the server side of the one-sided data path.
+//!
+//! A file is mapped `MAP_SHARED`, so its registered pages are the page cache itself: a
+//! client's RMA read is sent from the server's page cache, and its RMA write lands in it
+//! (and reaches the disk on `fsync`). One registration per file and access kind is shared
+//! by every client that has the file open; it ends when the last handle is released.
+//!
+//! A registration covers a capacity of at least the file's size (a power of two), so a file
+//! can grow through `MapRegion` (an `ftruncate`) without a new registration each time; a
+//! file that outgrows it gets a larger one (a new key and generation, which `MapRegion`
+//! returns). braid checks every remote access against the file's size when it executes:
+//! bytes past the end (a file truncated by anyone, on this host or through the service) are
+//! a remote access error at the client, never a `SIGBUS` in the server.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+
+use braid::{Access, Context, Region};
+
+use crate::proto::{Errno, RegionInfo};
+
+/// One registration of a file's pages (`Context::register_file`): dropping it revokes the
+/// key, after remote operations still using it have finished.
+pub(crate) struct FileRegion {
+    region: Region,
+    pub(crate) info: RegionInfo,
+}
+
+impl FileRegion {
+    /// Registers `len` bytes of the file open as `fd` from offset 0; `writable` grants
+    /// remote writes (then `fd` must be open read-write).
+    pub(crate) fn register(
+        ctx: &Context,
+        fd: BorrowedFd<'_>,
+        len: u64,
+        writable: bool,
+        generation: u64,
+    ) -> Result<FileRegion, Errno> {
+        let len_usize = usize::try_from(len).map_err(|_| Errno::EFBIG)?;
+        let access = if writable {
+            Access::REMOTE_READ | Access::REMOTE_WRITE
+        } else {
+            Access::REMOTE_READ
+        };
+        let region = ctx.register_file(fd, 0, len_usize, access).map_err(|e| {
+            tracing::warn!("registering a file region of {len} bytes failed: {e}");
+            match e {
+                braid::Error::Io(io) => Errno::from(io),
+                braid::Error::InvalidArgument(_) => Errno::EINVAL,
+                _ => Errno::ENOMEM,
+            }
+        })?;
+        let key = region.remote_key();
+        Ok(FileRegion {
+            region,
+            info: RegionInfo {
+                key: key.key,
+                len: key.len,
+                generation,
+                writable,
+            },
+        })
+    }
+}
+
+/// Smallest registration: a new file's first writes need no new registration.
+const MIN_CAPACITY: u64 = 1 << 20;
+
+/// The registrations of one file, shared by all its open handles on this server.
+#[derive(Default)]
+pub(crate) struct FileRegions {
+    /// Open handles of the file (all clients).
+    pub(crate) opens: usize,
+    /// Read-only and read-write registrations, oldest first. Older (smaller) ones stay
+    /// registered until the last handle closes, so a client's operations in flight on an
+    /// older key never fail because another client grew the file.
+    read_only: Vec<Arc<FileRegion>>,
+    read_write: Vec<Arc<FileRegion>>,
+    generation: u64,
+}
+
+impl FileRegions {
+    /// The registration for a handle of kind `writable` covering at least `size` bytes,
+    /// registering a larger one (the next power of two, at least 1 MiB) when the newest is
+    /// too small; `None` for an empty file.
+    pub(crate) fn ensure(
+        &mut self,
+        ctx: &Context,
+        fd: impl AsFd,
+        size: u64,
+        writable: bool,
+    ) -> Result<Option<RegionInfo>, Errno> {
+        if size == 0 {
+            return Ok(None);
+        }
+        let regs = if writable {
+            &mut self.read_write
+        } else {
+            &mut self.read_only
+        };
+        if let Some(r) = regs.last()
+            && r.info.len >= size
+        {
+            return Ok(Some(r.info));
+        }
+        let capacity = size
+            .max(MIN_CAPACITY)
+            .checked_next_power_of_two()
+            .ok_or(Errno::EFBIG)?;
+        self.generation += 1;
+        let r = FileRegion::register(ctx, fd.as_fd(), capacity, writable, self.generation)?;
+        let info = r.info;
+        regs.push(Arc::new(r));
+        Ok(Some(info))
+    }
+
+    /// Faults in `[from, to)` of the newest writable registration, writable, so that
+    /// clients' one-sided writes there find their pages: page allocation and the file
+    /// system's `page_mkwrite` then run on this (worker) thread, beside the engine that
+    /// places the data, instead of inside its socket reads. Best effort.
+    pub(crate) fn populate(&self, from: u64, to: u64) {
+        let Some(r) = self.read_write.last() else {
+            return;
+        };
+        let page = rustix::param::page_size() as u64;
+        let start = from / page * page;
+        let end = to
+            .min(r.info.len)
+            .next_multiple_of(page)
+            .min(r.info.len.next_multiple_of(page));
+        if end <= start {
+            return;
+        }
+        // SAFETY: [start, end) lies inside the registration's mapping (end is capped at its
+        // page-rounded length). MADV_POPULATE_WRITE is a system call: pages a truncation
+        // removed make it fail (EFAULT), not fault this thread; nothing is read or written
+        // from user space.
+        let res = unsafe {
+            rustix::mm::madvise(
+                r.region.as_mut_ptr().add(start as usize).cast(),
+                (end - start) as usize,
+                rustix::mm::Advice::LinuxPopulateWrite,
+            )
+        };
+        if let Err(e) = res {
+            tracing::debug!("populating file pages {start}..{end}: {e}");
+        }
+    }
+
+    /// Ends every registration (the last handle closed).
+    pub(crate) fn clear(&mut self) {
+        self.read_only.clear();
+        self.read_write.clear();
+    }
+}
