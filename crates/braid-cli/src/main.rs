@@ -92,6 +92,9 @@ enum TestbedCmd {
         hosts: usize,
         #[command(flatten)]
         shape: ShapeArgs,
+        /// No tbf on the rails (plain veth, CPU-bound); --rate and --rates then only count rails.
+        #[arg(long)]
+        unshaped: bool,
     },
     /// Remove the namespaces of a testbed.
     Down {
@@ -303,13 +306,19 @@ fn baseline_cmd(kind: BaselineKind, role: Role) -> Result<()> {
 
 fn testbed_cmd(cmd: TestbedCmd) -> Result<()> {
     match cmd {
-        TestbedCmd::Up { name, hosts, shape } => {
+        TestbedCmd::Up {
+            name,
+            hosts,
+            shape,
+            unshaped,
+        } => {
             braid_cli::testbed::probe()?;
             let spec = TestbedSpec {
                 name,
                 hosts,
                 rates: shape.rates(),
                 mtu: shape.mtu,
+                unshaped,
             };
             let tb = Testbed::up(&spec)?;
             print!("{}", tb.status()?);
