@@ -48,6 +48,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: bench::BenchCmd,
     },
+    /// The remote file service: benchmark against sshfs.
+    Fs {
+        #[command(subcommand)]
+        cmd: FsCmd,
+    },
     /// Reliability soak on a testbed it makes itself: a random verified operation mix under a
     /// link flap; or --failover-transfer (goodput before/after a rail's loss); or --kill-peer.
     Soak(braid_cli::soak::SoakArgs),
@@ -78,6 +83,13 @@ impl ShapeArgs {
             .clone()
             .unwrap_or_else(|| vec![self.rate; self.rails])
     }
+}
+
+#[derive(Subcommand, Debug)]
+enum FsCmd {
+    /// Sequential and random reads, writes with fsync and a metadata loop through the braid
+    /// mount, the braid client library and sshfs on a testbed of its own; JSON with ratios.
+    Bench(braid_cli::fsbench::FsBenchArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -369,6 +381,9 @@ fn real_main() -> Result<()> {
             demo::run(&opts).map(|_| ())
         }
         Cmd::Bench { cmd } => bench::run(cmd),
+        Cmd::Fs {
+            cmd: FsCmd::Bench(a),
+        } => braid_cli::fsbench::run(&a).map(|_| ()),
         Cmd::Soak(a) => braid_cli::soak::main(&a),
         Cmd::SoakPeer(a) => braid_cli::soak::peer_main(&a),
     }
