@@ -21,9 +21,11 @@
 //! medians over rounds.
 
 pub mod mounts;
+pub mod posix;
 pub mod procs;
 pub mod rows;
 pub mod sshfs;
+pub mod systems;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
@@ -39,9 +41,6 @@ use mounts::TempDir;
 use procs::Side;
 use rows::{Goal, Row};
 use workload::Measured;
-
-/// Private port of the benchmark's sshd (inside the server's namespace).
-pub const SSHD_PORT: u16 = 2222;
 
 /// Which networks to run on.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,11 +332,9 @@ fn run_net(
     notes: &mut Vec<String>,
 ) -> Result<()> {
     let args = ctx.args;
-    let (client_ns, server_ns) = (tb.host_ns(0), tb.host_ns(1));
-    let rail0 = tb.rail_addrs(0, 1)[0];
     let mut targets = Vec::new();
-    // Guards live until the end of this function: unmount, then servers, then the testbed.
-    let mut _ssh = None;
+    // The services live until the end of this function: unmounted before the testbed goes.
+    let mut services = Vec::new();
     for &sys in &args.systems {
         match sys {
             SystemKind::Local => targets.push(Target {
@@ -348,25 +345,21 @@ fn run_net(
                 server: Side::default(),
             }),
             SystemKind::Sshfs => {
-                let dir = tmp.join(format!("ssh-{net}"));
-                std::fs::create_dir_all(&dir)?;
-                let server = sshfs::SshServer::start(&server_ns, rail0.1, SSHD_PORT, &dir)?;
-                let mnt = tmp.join(format!("mnt-sshfs-{net}"));
-                std::fs::create_dir_all(&mnt)?;
-                let m = sshfs::SshfsMount::mount(&client_ns, &server, &ctx.export, &mnt, &[])?;
-                targets.push(Target {
-                    system: "sshfs",
-                    rails: 1,
-                    dir: mnt,
-                    client: m.side(),
-                    server: server.side(),
-                });
-                _ssh = Some((m, server));
+                services.push(systems::start_sshfs(tb, tmp, &ctx.export, net, &[])?);
             }
             SystemKind::BraidMount | SystemKind::BraidLib => notes.push(format!(
                 "{sys:?} on {net}: not built in this version of braid fs bench"
             )),
         }
+    }
+    for s in &services {
+        targets.push(Target {
+            system: s.system,
+            rails: s.rails,
+            dir: s.mountpoint.clone(),
+            client: s.client.clone(),
+            server: s.server.clone(),
+        });
     }
     for round in 0..args.rounds {
         for &test in &args.tests {

@@ -1,0 +1,77 @@
+//! Mounted file services on a testbed, as the bench and the POSIX suite use them: server in
+//! host 1 exporting a directory, mount in host 0's network namespace (visible to us).
+
+use std::any::Any;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+use super::procs::Side;
+use super::sshfs::{SshServer, SshfsMount};
+use crate::testbed::Testbed;
+
+/// Private port of the sshd (inside the server's namespace).
+pub const SSHD_PORT: u16 = 2222;
+
+/// A running file service with its mount; dropping it unmounts and ends its processes.
+pub struct Service {
+    /// "sshfs" or "braid-mount".
+    pub system: &'static str,
+    /// Rails it uses.
+    pub rails: usize,
+    /// Where it is mounted.
+    pub mountpoint: PathBuf,
+    /// The client's processes (FUSE daemon and helpers).
+    pub client: Side,
+    /// The server's processes.
+    pub server: Side,
+    // Mount first, then server (tuple fields drop in order).
+    _guards: Box<dyn Any>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("system", &self.system)
+            .field("rails", &self.rails)
+            .field("mountpoint", &self.mountpoint)
+            .finish()
+    }
+}
+
+/// sshfs of `export` (sshd in host 1 on rail 0's address), mounted at `tmp/mnt-sshfs-TAG`,
+/// keys in `tmp/ssh-TAG`; `extra` are further `-o` options.
+pub fn start_sshfs(
+    tb: &Testbed,
+    tmp: &Path,
+    export: &Path,
+    tag: &str,
+    extra: &[&str],
+) -> Result<Service> {
+    let dir = tmp.join(format!("ssh-{tag}"));
+    std::fs::create_dir_all(&dir)?;
+    let rail0 = tb.rail_addrs(0, 1)[0];
+    let server = SshServer::start(&tb.host_ns(1), rail0.1, SSHD_PORT, &dir)?;
+    let mnt = tmp.join(format!("mnt-sshfs-{tag}"));
+    std::fs::create_dir_all(&mnt)?;
+    let m = SshfsMount::mount(&tb.host_ns(0), &server, export, &mnt, extra)?;
+    Ok(Service {
+        system: "sshfs",
+        rails: 1,
+        mountpoint: mnt,
+        client: m.side(),
+        server: server.side(),
+        _guards: Box::new((m, server)),
+    })
+}
+
+/// `braid fs mount` of `export` over `rails` rails (`braid fs serve` in host 1).
+pub fn start_braid_mount(
+    _tb: &Testbed,
+    _tmp: &Path,
+    _export: &Path,
+    _rails: usize,
+    _tag: &str,
+) -> Result<Service> {
+    anyhow::bail!("braid fs serve/mount are not part of this build yet")
+}
