@@ -20,6 +20,7 @@
 //! Rows carry ratios against sshfs of the same round; the goals of issue 11 are judged on the
 //! medians over rounds.
 
+pub mod braidfs;
 pub mod mounts;
 pub mod posix;
 pub mod procs;
@@ -347,7 +348,21 @@ fn run_net(
             SystemKind::Sshfs => {
                 services.push(systems::start_sshfs(tb, tmp, &ctx.export, net, &[])?);
             }
-            SystemKind::BraidMount | SystemKind::BraidLib => notes.push(format!(
+            SystemKind::BraidMount => {
+                let exe = std::env::current_exe().context("finding the braid executable")?;
+                for &r in &args.braid_rails {
+                    let tag = format!("{net}-{r}");
+                    services.push(systems::start_braid_mount(
+                        &exe,
+                        tb,
+                        tmp,
+                        &ctx.export,
+                        r,
+                        &tag,
+                    )?);
+                }
+            }
+            SystemKind::BraidLib => notes.push(format!(
                 "{sys:?} on {net}: not built in this version of braid fs bench"
             )),
         }

@@ -531,9 +531,14 @@ pub fn run(args: &PosixArgs) -> Result<Verdict> {
             "posix",
             &["allow_other", "default_permissions"],
         )?,
-        PosixSystem::Braid => {
-            super::systems::start_braid_mount(&tb, tmp.path(), &export, args.rails, "posix")?
-        }
+        PosixSystem::Braid => super::systems::start_braid_mount(
+            &std::env::current_exe().context("finding the braid executable")?,
+            &tb,
+            tmp.path(),
+            &export,
+            args.rails,
+            "posix",
+        )?,
     };
     let what = service.system;
     eprintln!(

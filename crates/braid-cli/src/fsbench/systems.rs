@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
+use super::braidfs::{self, BraidMount, BraidServer};
 use super::procs::Side;
 use super::sshfs::{SshServer, SshfsMount};
 use crate::testbed::Testbed;
@@ -65,13 +66,44 @@ pub fn start_sshfs(
     })
 }
 
-/// `braid fs mount` of `export` over `rails` rails (`braid fs serve` in host 1).
+/// `braid fs mount` of `export` over the first `rails` rails (`braid fs serve` in host 1
+/// listening on each of them), mounted at `tmp/mnt-braid-TAG`. `exe` is the braid binary.
 pub fn start_braid_mount(
-    _tb: &Testbed,
-    _tmp: &Path,
-    _export: &Path,
-    _rails: usize,
-    _tag: &str,
+    exe: &Path,
+    tb: &Testbed,
+    tmp: &Path,
+    export: &Path,
+    rails: usize,
+    tag: &str,
 ) -> Result<Service> {
-    anyhow::bail!("braid fs serve/mount are not part of this build yet")
+    let pairs: Vec<_> = tb.rail_addrs(0, 1).into_iter().take(rails).collect();
+    let secret = braidfs::random_secret()?;
+    let server_addrs: Vec<_> = pairs.iter().map(|p| p.1).collect();
+    let server = BraidServer::start(
+        exe,
+        &tb.host_ns(1),
+        export,
+        &server_addrs,
+        &secret,
+        &tmp.join(format!("braid-serve-{tag}.log")),
+    )?;
+    let mnt = tmp.join(format!("mnt-braid-{tag}"));
+    std::fs::create_dir_all(&mnt)?;
+    let m = BraidMount::mount(
+        exe,
+        &tb.host_ns(0),
+        &pairs,
+        &mnt,
+        &secret,
+        &tmp.join(format!("braid-mount-{tag}.log")),
+    )
+    .map_err(|e| anyhow::anyhow!("{e:#}; the server said: {}", server.log_text().trim()))?;
+    Ok(Service {
+        system: "braid-mount",
+        rails,
+        mountpoint: mnt,
+        client: m.side(),
+        server: server.side(),
+        _guards: Box::new((m, server)),
+    })
 }
