@@ -1,0 +1,438 @@
+//! The data path of one open file, shared by all of this client's handles of it.
+//!
+//! Reads are RMA reads from the file's registered pages on the server into the caller's
+//! registered memory. Writes are RMA writes into those pages; a write that reaches past the
+//! file's size (or its registration) first grows the file with `MapRegion` and waits, queued,
+//! for the reply, and everything submitted after it queues behind it, so reads and writes
+//! reach the server in the order they were submitted (one endpoint executes its operations
+//! in order). Errors of writes are kept and reported by the next flush (close) or fsync,
+//! as a local file system reports write-back errors.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use braid::{RemoteKey, Sge};
+use parking_lot::Mutex;
+
+use super::data::DataCb;
+use super::{Error, Inner};
+use crate::proto::{Errno, Mapped, NodeId, RegionInfo, Reply, Request};
+
+/// Receives the bytes read (fewer than asked at the end of the file) or the error.
+pub(crate) type ReadCb = Box<dyn FnOnce(Result<usize, Error>) + Send>;
+/// Runs once the file has no writes in flight or queued.
+pub(crate) type IdleCb = Box<dyn FnOnce() + Send>;
+
+type Later = Vec<Box<dyn FnOnce() + Send>>;
+
+struct ReadOp {
+    fh: u64,
+    offset: u64,
+    local: Sge,
+    cb: ReadCb,
+    /// The size and region were asked for again once already.
+    refreshed: bool,
+}
+
+struct WriteOp {
+    fh: u64,
+    offset: u64,
+    local: Sge,
+    cb: DataCb,
+}
+
+impl WriteOp {
+    fn end(&self) -> u64 {
+        self.offset.saturating_add(self.local.len as u64)
+    }
+}
+
+enum Queued {
+    Read(ReadOp),
+    Write(WriteOp),
+}
+
+#[derive(Default)]
+struct FileInner {
+    /// The newest registration of the file's pages this client knows.
+    region: Option<RegionInfo>,
+    /// The file's size as this client knows it.
+    size: u64,
+    /// The size asked for by a `MapRegion` in flight.
+    growing: Option<u64>,
+    queue: VecDeque<Queued>,
+    writes_in_flight: usize,
+    reads_in_flight: usize,
+    /// First write error since the last flush.
+    error: Option<Errno>,
+    /// Written since the last commit.
+    dirty: bool,
+    idle: Vec<IdleCb>,
+}
+
+impl FileInner {
+    fn busy_writing(&self) -> bool {
+        self.writes_in_flight > 0 || self.queue.iter().any(|q| matches!(q, Queued::Write(_)))
+    }
+
+    fn key_for(&self, end: u64, write: bool) -> Option<RemoteKey> {
+        self.region
+            .filter(|r| r.len >= end && (r.writable || !write))
+            .map(|r| r.remote_key())
+    }
+
+    fn learn(&mut self, size: u64, region: Option<RegionInfo>) {
+        self.size = self.size.max(size);
+        if let Some(r) = region
+            && self
+                .region
+                .is_none_or(|old| r.generation >= old.generation || r.len > old.len)
+        {
+            self.region = Some(r);
+        }
+    }
+}
+
+/// What this client knows and has in flight for one open file.
+pub(crate) struct FileState {
+    pub(crate) node: NodeId,
+    inner: Mutex<FileInner>,
+}
+
+fn run(later: Later) {
+    for f in later {
+        f();
+    }
+}
+
+impl FileState {
+    pub(crate) fn new(node: NodeId) -> Arc<FileState> {
+        Arc::new(FileState {
+            node,
+            inner: Mutex::new(FileInner::default()),
+        })
+    }
+
+    /// Takes fresh attributes and region from an open (close-to-open: they replace what
+    /// was known, unless writes of this client are still in flight).
+    pub(crate) fn opened(&self, size: u64, region: Option<RegionInfo>) {
+        let mut g = self.inner.lock();
+        if !g.busy_writing() && g.growing.is_none() {
+            g.size = size;
+        } else {
+            g.size = g.size.max(size);
+        }
+        g.learn(size, region);
+    }
+
+    /// The size set by this client (a truncation or extension it made).
+    pub(crate) fn set_size(&self, size: u64) {
+        self.inner.lock().size = size;
+    }
+
+    /// The size as this client knows it.
+    pub(crate) fn size(&self) -> u64 {
+        self.inner.lock().size
+    }
+
+    /// True when written since the last commit, or writes are in flight.
+    pub(crate) fn dirty(&self) -> bool {
+        let g = self.inner.lock();
+        g.dirty || g.busy_writing()
+    }
+
+    /// Takes the dirty flag and the first write error since the last call.
+    pub(crate) fn take_flush_state(&self) -> (bool, Option<Errno>) {
+        let mut g = self.inner.lock();
+        (std::mem::take(&mut g.dirty), g.error.take())
+    }
+
+    /// Runs `f` once no write of this file is in flight or queued (at once if none is).
+    pub(crate) fn when_idle(&self, f: IdleCb) {
+        let mut g = self.inner.lock();
+        if g.busy_writing() {
+            g.idle.push(f);
+        } else {
+            drop(g);
+            f();
+        }
+    }
+
+    /// Reads into `local` from file offset `offset`; `cb` gets the bytes read.
+    pub(crate) fn read(
+        self: &Arc<Self>,
+        c: &Arc<Inner>,
+        fh: u64,
+        offset: u64,
+        local: Sge,
+        cb: ReadCb,
+    ) {
+        let op = ReadOp {
+            fh,
+            offset,
+            local,
+            cb,
+            refreshed: false,
+        };
+        let mut later = Later::new();
+        {
+            let mut g = self.inner.lock();
+            if g.queue.is_empty() {
+                self.start_read(&mut g, c, op, &mut later);
+            } else {
+                g.queue.push_back(Queued::Read(op));
+            }
+        }
+        run(later);
+    }
+
+    /// Writes `local` at file offset `offset`; `cb` runs when the bytes are in the
+    /// server's page cache.
+    pub(crate) fn write(
+        self: &Arc<Self>,
+        c: &Arc<Inner>,
+        fh: u64,
+        offset: u64,
+        local: Sge,
+        cb: DataCb,
+    ) {
+        let op = WriteOp {
+            fh,
+            offset,
+            local,
+            cb,
+        };
+        let mut later = Later::new();
+        {
+            let mut g = self.inner.lock();
+            g.dirty = true;
+            let end = op.end();
+            if g.queue.is_empty() && end <= g.size && g.key_for(end, true).is_some() {
+                self.start_write(&mut g, c, op, &mut later);
+            } else {
+                g.queue.push_back(Queued::Write(op));
+                self.grow(&mut g, c, fh, end, &mut later);
+            }
+        }
+        run(later);
+    }
+
+    fn start_read(
+        self: &Arc<Self>,
+        g: &mut FileInner,
+        c: &Arc<Inner>,
+        op: ReadOp,
+        later: &mut Later,
+    ) {
+        let len = op.local.len as u64;
+        let end = op.offset.saturating_add(len);
+        if (end > g.size || g.key_for(end.min(g.size), false).is_none()) && !op.refreshed {
+            // The file may have grown elsewhere, or been registered anew: ask once.
+            return self.refresh_then_read(c, op, later);
+        }
+        let n = len.min(g.size.saturating_sub(op.offset));
+        if n == 0 {
+            let cb = op.cb;
+            later.push(Box::new(move || cb(Ok(0))));
+            return;
+        }
+        let Some(key) = g.key_for(op.offset + n, false) else {
+            let cb = op.cb;
+            later.push(Box::new(move || cb(Err(Error::Remote(Errno::EIO)))));
+            return;
+        };
+        let local = Sge {
+            len: n as usize,
+            ..op.local.clone()
+        };
+        g.reads_in_flight += 1;
+        let me = self.clone();
+        let c2 = c.clone();
+        let ReadOp {
+            fh,
+            offset,
+            local: whole,
+            cb: user_cb,
+            refreshed,
+        } = op;
+        let cb: DataCb = Box::new(move |r| {
+            let mut later = Later::new();
+            {
+                let mut g = me.inner.lock();
+                g.reads_in_flight -= 1;
+                match r {
+                    Ok(()) => later.push(Box::new(move || user_cb(Ok(n as usize)))),
+                    Err(Error::Access) if !refreshed => {
+                        // Shrunk or registered anew since: ask for the size, then retry once.
+                        let op = ReadOp {
+                            fh,
+                            offset,
+                            local: whole,
+                            cb: user_cb,
+                            refreshed: false,
+                        };
+                        me.refresh_then_read(&c2, op, &mut later);
+                    }
+                    Err(e) => later.push(Box::new(move || user_cb(Err(e)))),
+                }
+            }
+            run(later);
+        });
+        if let Err((e, cb)) = c.data.read(local, &key, offset, cb) {
+            g.reads_in_flight -= 1;
+            later.push(Box::new(move || cb(Err(e))));
+        }
+    }
+
+    /// Asks the server for the file's size and region, then reads (without asking again).
+    fn refresh_then_read(self: &Arc<Self>, c: &Arc<Inner>, op: ReadOp, later: &mut Later) {
+        let me = self.clone();
+        let c2 = c.clone();
+        let fh = op.fh;
+        let cb: super::rpc::RpcCallback = Box::new(move |r| {
+            let mut later = Later::new();
+            {
+                let mut g = me.inner.lock();
+                if let Ok(Reply::Mapped(m)) = &r {
+                    g.size = m.attr.size.max(if g.busy_writing() { g.size } else { 0 });
+                    g.learn(m.attr.size, m.region);
+                }
+                let op = ReadOp {
+                    refreshed: true,
+                    ..op
+                };
+                me.start_read(&mut g, &c2, op, &mut later);
+            }
+            run(later);
+        });
+        if let Err((e, cb)) = c.rpc.call(&Request::MapRegion { fh, min_size: 0 }, cb) {
+            later.push(Box::new(move || cb(Err(e))));
+        }
+    }
+
+    fn start_write(
+        self: &Arc<Self>,
+        g: &mut FileInner,
+        c: &Arc<Inner>,
+        op: WriteOp,
+        later: &mut Later,
+    ) {
+        let end = op.end();
+        let Some(key) = g.key_for(end, true) else {
+            g.error.get_or_insert(Errno::EIO);
+            let cb = op.cb;
+            later.push(Box::new(move || cb(Err(Error::Remote(Errno::EIO)))));
+            return;
+        };
+        g.writes_in_flight += 1;
+        let me = self.clone();
+        let user_cb = op.cb;
+        let cb: DataCb = Box::new(move |r| {
+            let idle = {
+                let mut g = me.inner.lock();
+                g.writes_in_flight -= 1;
+                if let Err(e) = &r {
+                    g.error.get_or_insert(e.errno());
+                }
+                if g.busy_writing() {
+                    Vec::new()
+                } else {
+                    std::mem::take(&mut g.idle)
+                }
+            };
+            user_cb(r);
+            for f in idle {
+                f();
+            }
+        });
+        if let Err((e, cb)) = c.data.write(op.local, &key, op.offset, cb) {
+            // The callback was handed back unrun: undo its count ourselves.
+            g.writes_in_flight -= 1;
+            g.error.get_or_insert(e.errno());
+            later.push(Box::new(move || cb(Err(e))));
+        }
+    }
+
+    /// Grows the file to at least `end` unless a `MapRegion` is already in flight (its
+    /// reply drains the queue and grows further if needed).
+    fn grow(
+        self: &Arc<Self>,
+        g: &mut FileInner,
+        c: &Arc<Inner>,
+        fh: u64,
+        end: u64,
+        later: &mut Later,
+    ) {
+        if g.growing.is_some() {
+            return;
+        }
+        g.growing = Some(end);
+        let me = self.clone();
+        let c2 = c.clone();
+        let sent = c.rpc.call(
+            &Request::MapRegion { fh, min_size: end },
+            Box::new(move |r| me.on_mapped(&c2, r)),
+        );
+        if let Err((e, _unrun)) = sent {
+            g.growing = None;
+            self.fail_queue(g, e, later);
+        }
+    }
+
+    fn on_mapped(self: &Arc<Self>, c: &Arc<Inner>, r: Result<Reply, Error>) {
+        let mut later = Later::new();
+        {
+            let mut g = self.inner.lock();
+            g.growing = None;
+            match r {
+                Ok(Reply::Mapped(Mapped { attr, region })) => {
+                    g.learn(attr.size, region);
+                    self.drain(&mut g, c, &mut later);
+                }
+                Ok(other) => self.fail_queue(
+                    &mut g,
+                    Error::Protocol(format!("MapRegion answered {other:?}")),
+                    &mut later,
+                ),
+                Err(e) => self.fail_queue(&mut g, e, &mut later),
+            }
+        }
+        run(later);
+    }
+
+    /// Starts queued operations, in order, while they can start.
+    fn drain(self: &Arc<Self>, g: &mut FileInner, c: &Arc<Inner>, later: &mut Later) {
+        while let Some(front) = g.queue.front() {
+            if let Queued::Write(w) = front {
+                let end = w.end();
+                if end > g.size || g.key_for(end, true).is_none() {
+                    let fh = w.fh;
+                    self.grow(g, c, fh, end, later);
+                    return;
+                }
+            }
+            match g.queue.pop_front() {
+                Some(Queued::Read(r)) => self.start_read(g, c, r, later),
+                Some(Queued::Write(w)) => self.start_write(g, c, w, later),
+                None => {}
+            }
+        }
+        if !g.busy_writing() {
+            later.extend(std::mem::take(&mut g.idle));
+        }
+    }
+
+    fn fail_queue(&self, g: &mut FileInner, e: Error, later: &mut Later) {
+        for q in g.queue.drain(..) {
+            let e = e.clone();
+            match q {
+                Queued::Read(r) => later.push(Box::new(move || (r.cb)(Err(e)))),
+                Queued::Write(w) => {
+                    g.error.get_or_insert(e.errno());
+                    later.push(Box::new(move || (w.cb)(Err(e))));
+                }
+            }
+        }
+        later.extend(std::mem::take(&mut g.idle));
+    }
+}

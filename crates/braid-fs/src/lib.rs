@@ -1,0 +1,9 @@
+//! # braid-fs
+//!
+//! A remote file service on braid (see the repository's `docs/FS.md`).
+
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod proto;
+pub mod server;

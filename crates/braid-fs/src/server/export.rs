@@ -1,0 +1,697 @@
+//! The exported tree: carries out decoded requests with system calls confined beneath the
+//! export's root. No network here: the connection layer hands requests in and replies out,
+//! and tests drive this directly.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+
+use braid::Context;
+use parking_lot::Mutex;
+use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, SeekFrom, Timespec, Timestamps};
+
+use super::inode::{Inode, InodeTable, dev_from_wire, empty_path, open_beneath, os, resolve_flags};
+use crate::proto::{
+    Attr, COMMIT_DATASYNC, COMMIT_SYNC, COMMIT_TOUCH, Creds, DirEntry, Entry, Errno, MAX_MSG,
+    Mapped, NodeId, Opened, Reply, Request, SetAttr, StatFs, TimeSet,
+};
+
+/// Most open files and directories one client may hold.
+const MAX_HANDLES: usize = 1 << 16;
+
+/// A regular file opened by a client.
+pub(crate) struct OpenFile {
+    inode: Arc<Inode>,
+    /// `O_RDWR` for writable handles, else `O_RDONLY`.
+    fd: OwnedFd,
+    writable: bool,
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        let mut r = self.inode.regions.lock();
+        r.opens = r.opens.saturating_sub(1);
+        if r.opens == 0 {
+            r.clear();
+        }
+    }
+}
+
+/// A directory opened for reading.
+pub(crate) struct OpenDir {
+    fd: OwnedFd,
+}
+
+/// What the server holds for one client: lookup references and open handles. Dropped (via
+/// [`Export::disconnect`]) when the client goes away.
+#[derive(Default)]
+pub(crate) struct ClientState {
+    lookups: HashMap<u64, u64>,
+    files: HashMap<u64, Arc<OpenFile>>,
+    dirs: HashMap<u64, Arc<Mutex<OpenDir>>>,
+    next_handle: u64,
+}
+
+impl ClientState {
+    fn handle(&mut self) -> Result<u64, Errno> {
+        if self.files.len() + self.dirs.len() >= MAX_HANDLES {
+            return Err(Errno::EMFILE);
+        }
+        self.next_handle += 1;
+        Ok(self.next_handle)
+    }
+
+    fn file(&self, fh: u64) -> Result<Arc<OpenFile>, Errno> {
+        self.files.get(&fh).cloned().ok_or(Errno::EBADF)
+    }
+}
+
+/// One exported directory tree.
+pub(crate) struct Export {
+    table: InodeTable,
+    ctx: Context,
+    read_only: bool,
+    /// Running as root: new objects are given to the calling user.
+    as_root: bool,
+    /// This process's umask, which the kernel applies on creation.
+    process_umask: u32,
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
+        // A clock-derived value still tells one server run from the next.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        return t.as_nanos() as u64 ^ std::process::id() as u64;
+    }
+    u64::from_le_bytes(b) | 1
+}
+
+impl Export {
+    /// Opens `root` for export.
+    pub(crate) fn new(ctx: Context, root: &Path, read_only: bool) -> Result<Export, String> {
+        let fd = rustix::fs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| format!("cannot open export {}: {e}", root.display()))?;
+        let table = InodeTable::new(fd, random_u64())
+            .map_err(|e| format!("export {}: {e}", root.display()))?;
+        let root_inode = table
+            .get(NodeId {
+                id: super::inode::ROOT_ID,
+                generation: table.generation(),
+            })
+            .map_err(|e| e.to_string())?;
+        root_inode
+            .reopen(OFlags::RDONLY | OFlags::DIRECTORY)
+            .map_err(|e| {
+                format!("the server reopens objects through /proc/self/fd, which failed: {e}")
+            })?;
+        let old = rustix::process::umask(Mode::from_raw_mode(0o022));
+        rustix::process::umask(old);
+        Ok(Export {
+            table,
+            ctx,
+            read_only,
+            as_root: rustix::process::geteuid().is_root(),
+            process_umask: old.as_raw_mode(),
+        })
+    }
+
+    /// The root's entry (sent in the hello reply).
+    pub(crate) fn root(&self) -> Result<Entry, Errno> {
+        let node = NodeId {
+            id: super::inode::ROOT_ID,
+            generation: self.table.generation(),
+        };
+        let inode = self.table.get(node)?;
+        Ok(Entry {
+            node,
+            attr: inode.attr()?,
+        })
+    }
+
+    /// Whether changes are refused.
+    pub(crate) fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Objects in the inode table (for tests and logs).
+    pub(crate) fn inode_count(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Releases everything a client held.
+    pub(crate) fn disconnect(&self, cs: &Mutex<ClientState>) {
+        let cs = std::mem::take(&mut *cs.lock());
+        for (id, n) in cs.lookups {
+            self.table.forget(id, n);
+        }
+    }
+
+    fn install(&self, cs: &Mutex<ClientState>, fd: OwnedFd) -> Result<Entry, Errno> {
+        let (inode, attr) = self.table.install(fd)?;
+        *cs.lock().lookups.entry(inode.id).or_default() += 1;
+        Ok(Entry {
+            node: self.table.node_id(&inode),
+            attr,
+        })
+    }
+
+    fn entry_of(
+        &self,
+        cs: &Mutex<ClientState>,
+        dir: &OwnedFd,
+        name: &[u8],
+    ) -> Result<Entry, Errno> {
+        self.install(cs, open_beneath(dir, name, false)?)
+    }
+
+    /// Gives a new object to the caller and sets its exact mode.
+    fn own(
+        &self,
+        fd: impl AsFd,
+        creds: &Creds,
+        mode: u32,
+        chmod_path: Option<&str>,
+    ) -> Result<(), Errno> {
+        if self.as_root && (creds.uid != 0 || creds.gid != 0) {
+            let st = rustix::fs::fstat(&fd)?;
+            // A set-group-id directory already gave the object its group.
+            let gid = if st.st_gid != 0 { st.st_gid } else { creds.gid };
+            rustix::fs::chownat(
+                &fd,
+                "",
+                Some(rustix::fs::Uid::from_raw(creds.uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+                empty_path(),
+            )?;
+        }
+        if mode & self.process_umask != 0
+            && let Some(p) = chmod_path
+        {
+            rustix::fs::chmod(p, Mode::from_raw_mode(mode))?;
+        }
+        Ok(())
+    }
+
+    /// Carries out one request for the client `cs`.
+    pub(crate) fn handle(&self, cs: &Mutex<ClientState>, req: Request) -> Result<Reply, Errno> {
+        if self.read_only && req.modifies() {
+            return Err(Errno::EROFS);
+        }
+        match req {
+            Request::Hello { .. } => Err(Errno::EPROTO),
+            Request::Lookup { parent, name } => {
+                let p = self.table.get(parent)?;
+                Ok(Reply::Entry(self.entry_of(cs, p.dir()?, &name)?))
+            }
+            Request::Walk {
+                parent,
+                path,
+                follow,
+            } => {
+                let p = self.table.get(parent)?;
+                let fd = open_beneath(p.dir()?, &path, follow)?;
+                Ok(Reply::Entry(self.install(cs, fd)?))
+            }
+            Request::Forget { items } => {
+                let mut c = cs.lock();
+                for (node, n) in items {
+                    if node.generation != self.table.generation() {
+                        continue;
+                    }
+                    let held = c.lookups.get(&node.id).copied().unwrap_or(0);
+                    let drop_n = n.min(held);
+                    if drop_n == held {
+                        c.lookups.remove(&node.id);
+                    } else if let Some(h) = c.lookups.get_mut(&node.id) {
+                        *h -= drop_n;
+                    }
+                    self.table.forget(node.id, drop_n);
+                }
+                Ok(Reply::Empty)
+            }
+            Request::GetAttr { node } => Ok(Reply::Attr(self.table.get(node)?.attr()?)),
+            Request::SetAttr { node, fh, set } => {
+                let inode = self.table.get(node)?;
+                let file = if fh != 0 {
+                    Some(cs.lock().file(fh)?)
+                } else {
+                    None
+                };
+                self.setattr(&inode, file.as_deref(), &set).map(Reply::Attr)
+            }
+            Request::ReadLink { node } => {
+                let inode = self.table.get(node)?;
+                if !inode.is_symlink() {
+                    return Err(Errno::EINVAL);
+                }
+                let t = rustix::fs::readlinkat(&inode.fd, "", Vec::new())?;
+                Ok(Reply::Link(t.into_bytes()))
+            }
+            Request::Mknod {
+                parent,
+                name,
+                mode,
+                rdev,
+                creds,
+            } => {
+                let p = self.table.get(parent)?;
+                let dir = p.dir()?;
+                let perm = mode & 0o7777 & !creds.umask;
+                let kind = rustix::fs::FileType::from_raw_mode(mode);
+                if kind == rustix::fs::FileType::Directory || kind == rustix::fs::FileType::Symlink
+                {
+                    return Err(Errno::EINVAL);
+                }
+                rustix::fs::mknodat(
+                    dir,
+                    os(&name)?,
+                    kind,
+                    Mode::from_raw_mode(perm),
+                    dev_from_wire(rdev),
+                )?;
+                let e = self.entry_of(cs, dir, &name)?;
+                let inode = self.table.get(e.node)?;
+                let path = if inode.is_file() || inode.is_dir() {
+                    Some(inode.proc_path()?)
+                } else {
+                    None
+                };
+                self.own(&inode.fd, &creds, perm, path.as_deref())?;
+                Ok(Reply::Entry(Entry {
+                    node: e.node,
+                    attr: inode.attr()?,
+                }))
+            }
+            Request::Mkdir {
+                parent,
+                name,
+                mode,
+                creds,
+            } => {
+                let p = self.table.get(parent)?;
+                let dir = p.dir()?;
+                let perm = mode & 0o7777 & !creds.umask;
+                rustix::fs::mkdirat(dir, os(&name)?, Mode::from_raw_mode(perm))?;
+                let e = self.entry_of(cs, dir, &name)?;
+                let inode = self.table.get(e.node)?;
+                if inode.is_dir() {
+                    self.own(&inode.fd, &creds, perm, Some(&inode.proc_path()?))?;
+                }
+                Ok(Reply::Entry(Entry {
+                    node: e.node,
+                    attr: inode.attr()?,
+                }))
+            }
+            Request::Unlink { parent, name } => {
+                let p = self.table.get(parent)?;
+                rustix::fs::unlinkat(p.dir()?, os(&name)?, AtFlags::empty())?;
+                Ok(Reply::Empty)
+            }
+            Request::Rmdir { parent, name } => {
+                let p = self.table.get(parent)?;
+                rustix::fs::unlinkat(p.dir()?, os(&name)?, AtFlags::REMOVEDIR)?;
+                Ok(Reply::Empty)
+            }
+            Request::Symlink {
+                parent,
+                name,
+                target,
+                creds,
+            } => {
+                let p = self.table.get(parent)?;
+                let dir = p.dir()?;
+                rustix::fs::symlinkat(os(&target)?, dir, os(&name)?)?;
+                let e = self.entry_of(cs, dir, &name)?;
+                let inode = self.table.get(e.node)?;
+                self.own(&inode.fd, &creds, 0, None)?;
+                Ok(Reply::Entry(Entry {
+                    node: e.node,
+                    attr: inode.attr()?,
+                }))
+            }
+            Request::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+            } => {
+                let flags = RenameFlags::from_bits(flags)
+                    .filter(|f| !f.contains(RenameFlags::WHITEOUT))
+                    .ok_or(Errno::EINVAL)?;
+                let p = self.table.get(parent)?;
+                let np = self.table.get(new_parent)?;
+                rustix::fs::renameat_with(p.dir()?, os(&name)?, np.dir()?, os(&new_name)?, flags)?;
+                Ok(Reply::Empty)
+            }
+            Request::Link {
+                node,
+                new_parent,
+                new_name,
+            } => {
+                let inode = self.table.get(node)?;
+                let np = self.table.get(new_parent)?;
+                let dir = np.dir()?;
+                if inode.is_dir() {
+                    return Err(Errno::EPERM);
+                }
+                if self.as_root || inode.is_symlink() {
+                    rustix::fs::linkat(&inode.fd, "", dir, os(&new_name)?, AtFlags::EMPTY_PATH)?;
+                } else {
+                    let p = inode.proc_path()?;
+                    rustix::fs::linkat(
+                        rustix::fs::CWD,
+                        p.as_str(),
+                        dir,
+                        os(&new_name)?,
+                        AtFlags::SYMLINK_FOLLOW,
+                    )?;
+                }
+                Ok(Reply::Entry(self.entry_of(cs, dir, &new_name)?))
+            }
+            Request::Open { node, flags } => {
+                let inode = self.table.get(node)?;
+                self.open(cs, inode, flags).map(Reply::Opened)
+            }
+            Request::Create {
+                parent,
+                name,
+                mode,
+                flags,
+                creds,
+            } => self.create(cs, parent, &name, mode, flags, &creds),
+            Request::Release { fh } => {
+                cs.lock().files.remove(&fh).ok_or(Errno::EBADF)?;
+                Ok(Reply::Empty)
+            }
+            Request::Commit { fh, flags } => {
+                let f = cs.lock().file(fh)?;
+                if flags & COMMIT_TOUCH != 0 && f.writable && !self.read_only {
+                    let now = Timespec {
+                        tv_sec: 0,
+                        tv_nsec: rustix::fs::UTIME_NOW,
+                    };
+                    let omit = Timespec {
+                        tv_sec: 0,
+                        tv_nsec: rustix::fs::UTIME_OMIT,
+                    };
+                    rustix::fs::futimens(
+                        &f.fd,
+                        &Timestamps {
+                            last_access: omit,
+                            last_modification: now,
+                        },
+                    )?;
+                }
+                if flags & COMMIT_SYNC != 0 {
+                    rustix::fs::fsync(&f.fd)?;
+                } else if flags & COMMIT_DATASYNC != 0 {
+                    rustix::fs::fdatasync(&f.fd)?;
+                }
+                Ok(Reply::Attr(f.inode.attr()?))
+            }
+            Request::MapRegion { fh, min_size } => {
+                let f = cs.lock().file(fh)?;
+                self.map_region(&f, min_size).map(Reply::Mapped)
+            }
+            Request::Write { fh, offset, data } => {
+                let f = cs.lock().file(fh)?;
+                if !f.writable {
+                    return Err(Errno::EBADF);
+                }
+                let mut done = 0;
+                while done < data.len() {
+                    let n = rustix::io::pwrite(&f.fd, &data[done..], offset + done as u64)?;
+                    if n == 0 {
+                        return Err(Errno::EIO);
+                    }
+                    done += n;
+                }
+                Ok(Reply::Written(done as u32, f.inode.attr()?))
+            }
+            Request::OpenDir { node } => {
+                let inode = self.table.get(node)?;
+                let fd = rustix::fs::openat(
+                    inode.dir()?,
+                    ".",
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )?;
+                let mut c = cs.lock();
+                let dh = c.handle()?;
+                c.dirs.insert(dh, Arc::new(Mutex::new(OpenDir { fd })));
+                Ok(Reply::Handle(dh))
+            }
+            Request::ReadDir {
+                dh,
+                offset,
+                max_bytes,
+            } => {
+                let d = cs.lock().dirs.get(&dh).cloned().ok_or(Errno::EBADF)?;
+                let d = d.lock();
+                read_dir(&d.fd, offset, max_bytes)
+            }
+            Request::ReleaseDir { dh } => {
+                cs.lock().dirs.remove(&dh).ok_or(Errno::EBADF)?;
+                Ok(Reply::Empty)
+            }
+            Request::StatFs => {
+                let root = self.table.get(self.root()?.node)?;
+                let s = rustix::fs::fstatvfs(&root.fd)?;
+                Ok(Reply::StatFs(StatFs {
+                    blocks: s.f_blocks,
+                    bfree: s.f_bfree,
+                    bavail: s.f_bavail,
+                    files: s.f_files,
+                    ffree: s.f_ffree,
+                    bsize: s.f_bsize as u32,
+                    namelen: s.f_namemax as u32,
+                    frsize: s.f_frsize as u32,
+                }))
+            }
+        }
+    }
+
+    fn open(
+        &self,
+        cs: &Mutex<ClientState>,
+        inode: Arc<Inode>,
+        flags: u32,
+    ) -> Result<Opened, Errno> {
+        if inode.is_dir() {
+            return Err(Errno::EISDIR);
+        }
+        if !inode.is_file() {
+            return Err(Errno::ENXIO);
+        }
+        let acc = flags & libc::O_ACCMODE as u32;
+        let writable = acc != libc::O_RDONLY as u32;
+        let trunc = flags & libc::O_TRUNC as u32 != 0;
+        if self.read_only && (writable || trunc) {
+            return Err(Errno::EROFS);
+        }
+        let fd = inode.reopen(if writable {
+            OFlags::RDWR
+        } else {
+            OFlags::RDONLY
+        })?;
+        let file = OpenFile {
+            inode: inode.clone(),
+            fd,
+            writable,
+        };
+        inode.regions.lock().opens += 1;
+        if trunc && writable {
+            rustix::fs::ftruncate(&file.fd, 0)?;
+        }
+        self.finish_open(cs, file)
+    }
+
+    fn finish_open(&self, cs: &Mutex<ClientState>, file: OpenFile) -> Result<Opened, Errno> {
+        let (attr, region) = {
+            let mut r = file.inode.regions.lock();
+            let attr = file.inode.attr()?;
+            let region = r.ensure(
+                &self.ctx,
+                &file.fd,
+                attr.size,
+                file.writable && !self.read_only,
+            )?;
+            (attr, region)
+        };
+        let mut c = cs.lock();
+        let fh = c.handle()?;
+        c.files.insert(fh, Arc::new(file));
+        Ok(Opened { fh, attr, region })
+    }
+
+    fn create(
+        &self,
+        cs: &Mutex<ClientState>,
+        parent: NodeId,
+        name: &[u8],
+        mode: u32,
+        flags: u32,
+        creds: &Creds,
+    ) -> Result<Reply, Errno> {
+        let p = self.table.get(parent)?;
+        let perm = mode & 0o7777 & !creds.umask;
+        let mut oflags = OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        if flags & libc::O_EXCL as u32 != 0 {
+            oflags |= OFlags::EXCL;
+        }
+        let fd = rustix::fs::openat2(
+            p.dir()?,
+            os(name)?,
+            oflags,
+            Mode::from_raw_mode(perm),
+            resolve_flags(),
+        )?;
+        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        self.own(&fd, creds, perm, Some(&path))?;
+        if flags & libc::O_TRUNC as u32 != 0 {
+            rustix::fs::ftruncate(&fd, 0)?;
+        }
+        let opath = rustix::fs::open(path.as_str(), OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+        let entry = self.install(cs, opath)?;
+        let inode = self.table.get(entry.node)?;
+        let writable = flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32;
+        inode.regions.lock().opens += 1;
+        let opened = self.finish_open(
+            cs,
+            OpenFile {
+                inode,
+                fd,
+                writable,
+            },
+        )?;
+        Ok(Reply::Created(
+            Entry {
+                node: entry.node,
+                attr: opened.attr,
+            },
+            opened,
+        ))
+    }
+
+    fn map_region(&self, f: &OpenFile, min_size: u64) -> Result<Mapped, Errno> {
+        let mut r = f.inode.regions.lock();
+        let mut attr = f.inode.attr()?;
+        if min_size > attr.size {
+            if !f.writable || self.read_only {
+                return Err(if self.read_only {
+                    Errno::EROFS
+                } else {
+                    Errno::EBADF
+                });
+            }
+            rustix::fs::ftruncate(&f.fd, min_size)?;
+            attr = f.inode.attr()?;
+        }
+        let region = r.ensure(&self.ctx, &f.fd, attr.size, f.writable && !self.read_only)?;
+        Ok(Mapped { attr, region })
+    }
+
+    fn setattr(
+        &self,
+        inode: &Inode,
+        file: Option<&OpenFile>,
+        set: &SetAttr,
+    ) -> Result<Attr, Errno> {
+        if let Some(size) = set.size {
+            if inode.is_dir() {
+                return Err(Errno::EISDIR);
+            }
+            if !inode.is_file() {
+                return Err(Errno::EINVAL);
+            }
+            let reopened;
+            let fd = match file.filter(|f| f.writable) {
+                Some(f) => &f.fd,
+                None => {
+                    reopened = inode.reopen(OFlags::WRONLY)?;
+                    &reopened
+                }
+            };
+            let _regions = inode.regions.lock();
+            rustix::fs::ftruncate(fd, size)?;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            rustix::fs::chownat(
+                &inode.fd,
+                "",
+                set.uid.map(rustix::fs::Uid::from_raw),
+                set.gid.map(rustix::fs::Gid::from_raw),
+                empty_path(),
+            )?;
+        }
+        if let Some(mode) = set.mode {
+            if inode.is_symlink() {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            rustix::fs::chmod(
+                inode.proc_path()?.as_str(),
+                Mode::from_raw_mode(mode & 0o7777),
+            )?;
+        }
+        if set.atime != TimeSet::Omit || set.mtime != TimeSet::Omit {
+            let spec = |t: TimeSet| match t {
+                TimeSet::Omit => Timespec {
+                    tv_sec: 0,
+                    tv_nsec: rustix::fs::UTIME_OMIT,
+                },
+                TimeSet::Now => Timespec {
+                    tv_sec: 0,
+                    tv_nsec: rustix::fs::UTIME_NOW,
+                },
+                TimeSet::At(t) => Timespec {
+                    tv_sec: t.secs,
+                    tv_nsec: t.nanos as _,
+                },
+            };
+            let times = Timestamps {
+                last_access: spec(set.atime),
+                last_modification: spec(set.mtime),
+            };
+            rustix::fs::utimensat(&inode.fd, "", &times, empty_path())?;
+        }
+        inode.attr()
+    }
+}
+
+/// Reads entries of the directory open as `fd`, starting at the cookie `offset`.
+fn read_dir(fd: &OwnedFd, offset: u64, max_bytes: u32) -> Result<Reply, Errno> {
+    rustix::fs::seek(fd, SeekFrom::Start(offset))?;
+    // Keep the reply inside one message: each entry costs 24 bytes plus its name.
+    let budget = (max_bytes as usize).clamp(4096, MAX_MSG - 512);
+    let mut buf = Vec::<u8>::with_capacity(32 * 1024);
+    let mut it = rustix::fs::RawDir::new(fd, buf.spare_capacity_mut());
+    let mut out = Vec::new();
+    let mut used = 0;
+    let mut eof = true;
+    while let Some(e) = it.next() {
+        let e = e?;
+        let name = e.file_name().to_bytes();
+        let cost = 24 + name.len();
+        if used + cost > budget {
+            eof = false;
+            break;
+        }
+        used += cost;
+        out.push(DirEntry {
+            ino: e.ino(),
+            next_offset: e.next_entry_cookie(),
+            file_type: e.file_type().as_raw_mode(),
+            name: name.to_vec(),
+        });
+    }
+    Ok(Reply::Dir(out, eof))
+}

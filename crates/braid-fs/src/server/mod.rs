@@ -1,0 +1,459 @@
+//! The file server: exports one directory tree to braid clients.
+//!
+//! Threads: an acceptor takes new endpoints from a [`braid::Listener`]; a few workers share
+//! one completion queue, and each carries out the request whose receive it took (blocking
+//! system calls such as `fsync` hold up only that worker). Requests of one client may run
+//! concurrently and are answered in any order; the request id pairs replies with requests.
+//!
+//! ```no_run
+//! use braid_fs::server::{Server, ServerConfig};
+//! let ctx = braid::Context::new()?;
+//! let cfg = ServerConfig::new("/srv/data", vec!["127.0.0.1:7100".parse()?]);
+//! let server = Server::start(&ctx, cfg)?;
+//! // ... until a signal:
+//! server.shutdown();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod conn;
+mod export;
+mod inode;
+mod region;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use braid::{Completion, CompletionKind, CompletionQueue, Context, EndpointOptions, Listener};
+use parking_lot::RwLock;
+
+use crate::proto::{
+    self, Errno, HelloReply, MAX_MSG, Op, Reply, Request, Role, decode_request, encode_reply,
+};
+use conn::{Buffers, Conn, HELLO, HELLO_LEN, RECV, SEND};
+use export::Export;
+
+/// How a server is set up.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The directory to export.
+    pub export: PathBuf,
+    /// One listening address per rail.
+    pub listen: Vec<SocketAddr>,
+    /// Refuse every change (`EROFS`) and register file pages read-only.
+    pub read_only: bool,
+    /// Threads carrying out requests (default 4).
+    pub workers: usize,
+    /// Most clients connected at once (default 64).
+    pub max_clients: usize,
+    /// Requests one client may have outstanding (default 32): the receive buffers posted
+    /// for it.
+    pub max_outstanding: usize,
+    /// Endpoint tunables (peer timeout, chunk sizes).
+    pub session: braid::SessionConfig,
+}
+
+impl ServerConfig {
+    /// Defaults for exporting `export` on `listen`.
+    pub fn new(export: impl Into<PathBuf>, listen: Vec<SocketAddr>) -> ServerConfig {
+        ServerConfig {
+            export: export.into(),
+            listen,
+            read_only: false,
+            workers: 4,
+            max_clients: 64,
+            max_outstanding: 32,
+            session: braid::SessionConfig::default(),
+        }
+    }
+}
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The export cannot be opened or lacks something the server needs.
+    #[error("{0}")]
+    Export(String),
+    /// Listening failed.
+    #[error("listening: {0}")]
+    Listen(#[from] braid::Error),
+    /// A thread could not be started.
+    #[error("starting a thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+struct Shared {
+    ctx: Context,
+    cfg: ServerConfig,
+    export: Export,
+    cq: CompletionQueue,
+    conns: RwLock<HashMap<u64, Arc<Conn>>>,
+    stop: AtomicBool,
+    next_session: AtomicU64,
+}
+
+/// A running file server; [`Server::shutdown`] (or dropping it) stops it.
+pub struct Server {
+    shared: Arc<Shared>,
+    listener: Arc<Listener>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("export", &self.shared.cfg.export)
+            .field("listen", &self.local_addrs())
+            .finish()
+    }
+}
+
+impl Server {
+    /// Opens the export, listens and starts serving.
+    pub fn start(ctx: &Context, cfg: ServerConfig) -> Result<Server, ServerError> {
+        let export =
+            Export::new(ctx.clone(), &cfg.export, cfg.read_only).map_err(ServerError::Export)?;
+        let listener = Arc::new(ctx.listen(&cfg.listen)?);
+        let per_client = 2 * cfg.max_outstanding.max(1) + 4;
+        let cq = ctx.create_cq(cfg.max_clients.max(1) * 2 * per_client + 64);
+        let shared = Arc::new(Shared {
+            ctx: ctx.clone(),
+            export,
+            cq,
+            conns: RwLock::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+            next_session: AtomicU64::new(1),
+            cfg,
+        });
+        let mut threads = Vec::new();
+        {
+            let (s, l) = (shared.clone(), listener.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name("fs-accept".into())
+                    .spawn(move || s.accept_loop(&l))?,
+            );
+        }
+        for i in 0..shared.cfg.workers.max(1) {
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("fs-worker-{i}"))
+                    .spawn(move || s.work_loop())?,
+            );
+        }
+        Ok(Server {
+            shared,
+            listener,
+            threads,
+        })
+    }
+
+    /// The bound addresses, one per rail.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listener.local_addrs()
+    }
+
+    /// Endpoints connected now (a client has two: requests and data).
+    pub fn endpoints(&self) -> usize {
+        self.shared.conns.read().len()
+    }
+
+    /// Objects the server holds handles for (the root included).
+    pub fn inodes(&self) -> usize {
+        self.shared.export.inode_count()
+    }
+
+    /// Stops accepting, closes every client endpoint and waits for the threads.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.listener.close();
+        let conns: Vec<Arc<Conn>> = self.shared.conns.read().values().cloned().collect();
+        for c in conns {
+            self.shared.drop_conn(&c);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.stop();
+        }
+    }
+}
+
+impl Shared {
+    fn accept_loop(&self, listener: &Listener) {
+        let opts = EndpointOptions {
+            session: self.cfg.session.clone(),
+            ..EndpointOptions::new(&self.cq)
+        };
+        while !self.stop.load(Ordering::Acquire) {
+            let ep = match listener.accept(&opts, Duration::from_millis(200)) {
+                Ok(ep) => ep,
+                Err(braid::Error::Timeout(_)) => continue,
+                Err(e) => {
+                    if !self.stop.load(Ordering::Acquire) {
+                        tracing::warn!("accept failed: {e}");
+                    }
+                    continue;
+                }
+            };
+            let id = ep.id();
+            let conn = match Conn::new(&self.ctx, ep) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("setting up an endpoint failed: {e}");
+                    continue;
+                }
+            };
+            // In the table before the first receive is posted: its completion looks it up.
+            self.conns.write().insert(id, conn.clone());
+            match conn.post_hello() {
+                Ok(()) => tracing::debug!(endpoint = id, "client endpoint connected"),
+                Err(e) => {
+                    tracing::warn!("posting the hello receive failed: {e}");
+                    self.drop_conn(&conn);
+                }
+            }
+        }
+    }
+
+    fn work_loop(&self) {
+        while !self.stop.load(Ordering::Acquire) {
+            if let Some(c) = self.cq.wait(Duration::from_millis(100)) {
+                self.on_completion(c);
+            }
+        }
+        // Completions of closed endpoints may still arrive; they need no handling.
+        while self.cq.poll().is_some() {}
+    }
+
+    fn on_completion(&self, c: Completion) {
+        let Some(conn) = self.conns.read().get(&c.endpoint).cloned() else {
+            return;
+        };
+        if !c.status.is_ok() {
+            if !conn.is_dead() {
+                tracing::debug!(endpoint = c.endpoint, status = ?c.status, "client endpoint ended");
+            }
+            self.drop_conn(&conn);
+            return;
+        }
+        match c.kind {
+            CompletionKind::Recv if c.wr_id == HELLO => self.on_hello(&conn, &c),
+            CompletionKind::Recv if c.wr_id & RECV != 0 => {
+                self.on_request(&conn, (c.wr_id & !RECV) as usize, c.byte_len as usize)
+            }
+            CompletionKind::Send if c.wr_id & SEND != 0 => {
+                if let Some(b) = conn.bufs.get() {
+                    b.put_send((c.wr_id & !SEND) as usize);
+                }
+            }
+            CompletionKind::Send => {} // the hello reply
+            other => {
+                tracing::warn!(
+                    endpoint = c.endpoint,
+                    ?other,
+                    "unexpected completion; closing"
+                );
+                self.drop_conn(&conn);
+            }
+        }
+    }
+
+    /// Ends a connection and releases everything its client held. A meta endpoint takes
+    /// its client's data endpoint with it.
+    fn drop_conn(&self, conn: &Arc<Conn>) {
+        if !conn.kill() {
+            return;
+        }
+        conn.ep.close();
+        self.conns.write().remove(&conn.ep.id());
+        self.export.disconnect(&conn.client);
+        if let Some((Role::Meta, session)) = conn.session() {
+            let data: Vec<Arc<Conn>> = self
+                .conns
+                .read()
+                .values()
+                .filter(|c| c.session() == Some((Role::Data, session)))
+                .cloned()
+                .collect();
+            for d in data {
+                self.drop_conn(&d);
+            }
+        }
+    }
+
+    fn meta_clients(&self) -> usize {
+        self.conns
+            .read()
+            .values()
+            .filter(|c| matches!(c.session(), Some((Role::Meta, _))))
+            .count()
+    }
+
+    fn on_hello(&self, conn: &Arc<Conn>, c: &Completion) {
+        let len = (c.byte_len as usize).min(HELLO_LEN);
+        let bytes = match conn.hello_buf.to_vec(0, len) {
+            Ok(b) => b,
+            Err(_) => return self.drop_conn(conn),
+        };
+        let (id, req) = match decode_request(&bytes) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(endpoint = c.endpoint, "bad hello: {e}; closing");
+                return self.drop_conn(conn);
+            }
+        };
+        let Request::Hello {
+            version,
+            role,
+            session,
+        } = req
+        else {
+            tracing::warn!(
+                endpoint = c.endpoint,
+                "first message is not a hello; closing"
+            );
+            return self.drop_conn(conn);
+        };
+        let reply = self.hello(conn, version, role, session);
+        let refused = reply.is_err();
+        let sent = encode_reply(id, Op::Hello, &reply)
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                conn.hello_buf
+                    .write_at(0, &m)
+                    .map(|()| m.len())
+                    .map_err(|e| e.to_string())
+            })
+            .and_then(|n| {
+                let sge = conn.hello_buf.slice(0, n).map_err(|e| e.to_string())?;
+                conn.ep.send(HELLO, &[sge]).map_err(|e| e.to_string())
+            });
+        if let Err(e) = sent {
+            tracing::warn!(endpoint = c.endpoint, "hello reply failed: {e}");
+            return self.drop_conn(conn);
+        }
+        if refused {
+            // The reply goes out before the close (operations complete in order).
+            self.drop_conn(conn);
+        }
+    }
+
+    fn hello(
+        &self,
+        conn: &Arc<Conn>,
+        version: u8,
+        role: Role,
+        session: u64,
+    ) -> Result<Reply, Errno> {
+        if version < proto::VERSION {
+            return Err(Errno::EPROTO);
+        }
+        let session = match role {
+            Role::Meta => {
+                if self.meta_clients() >= self.cfg.max_clients {
+                    tracing::warn!("refusing a client: {} connected", self.cfg.max_clients);
+                    return Err(Errno::EAGAIN);
+                }
+                let bufs =
+                    Buffers::new(&self.ctx, self.cfg.max_outstanding.max(1)).map_err(|e| {
+                        tracing::warn!("allocating client buffers failed: {e}");
+                        Errno::ENOMEM
+                    })?;
+                let slots = bufs.slots;
+                if conn.bufs.set(bufs).is_err() {
+                    return Err(Errno::EPROTO);
+                }
+                for i in 0..slots {
+                    conn.repost(i).map_err(|_| Errno::ENOTCONN)?;
+                }
+                self.next_session.fetch_add(1, Ordering::Relaxed)
+                    ^ self.export.root()?.node.generation
+            }
+            Role::Data => {
+                let known = self
+                    .conns
+                    .read()
+                    .values()
+                    .any(|c| c.session() == Some((Role::Meta, session)));
+                if !known {
+                    return Err(Errno::EACCES);
+                }
+                session
+            }
+        };
+        *conn.role.lock() = Some((role, session));
+        Ok(Reply::Hello(HelloReply {
+            version: proto::VERSION,
+            root: self.export.root()?,
+            read_only: self.export.read_only(),
+            session,
+            max_outstanding: self.cfg.max_outstanding.max(1) as u32,
+            max_msg: MAX_MSG as u32,
+        }))
+    }
+
+    fn on_request(&self, conn: &Arc<Conn>, slot: usize, len: usize) {
+        let Some(bufs) = conn.bufs.get() else {
+            return self.drop_conn(conn);
+        };
+        let bytes = match bufs.recv.to_vec(slot * MAX_MSG, len.min(MAX_MSG)) {
+            Ok(b) => b,
+            Err(_) => return self.drop_conn(conn),
+        };
+        // Post the buffer again before answering, so the client's next request finds it.
+        if conn.repost(slot).is_err() {
+            return self.drop_conn(conn);
+        }
+        let (id, req) = match decode_request(&bytes) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(endpoint = conn.ep.id(), "malformed request: {e}; closing");
+                return self.drop_conn(conn);
+            }
+        };
+        let op = req.op();
+        let reply = self.export.handle(&conn.client, req);
+        let msg = match encode_reply(id, op, &reply) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!("encoding the reply to {op:?}: {e}");
+                encode_reply(id, op, &Err(Errno::EIO)).unwrap_or_default()
+            }
+        };
+        let Some(s) = bufs.take_send() else {
+            tracing::warn!(
+                endpoint = conn.ep.id(),
+                "client exceeded its outstanding requests; closing"
+            );
+            return self.drop_conn(conn);
+        };
+        let sent = bufs
+            .send
+            .write_at(s * MAX_MSG, &msg)
+            .and_then(|()| bufs.send.slice(s * MAX_MSG, msg.len()))
+            .and_then(|sge| conn.ep.send(SEND | s as u64, &[sge]));
+        if sent.is_err() {
+            bufs.put_send(s);
+            self.drop_conn(conn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
