@@ -21,6 +21,7 @@
 //! medians over rounds.
 
 pub mod braidfs;
+pub mod libclient;
 pub mod mounts;
 pub mod posix;
 pub mod procs;
@@ -155,6 +156,9 @@ pub struct FsBenchArgs {
     /// How reads start cold.
     #[arg(long, value_enum, default_value = "client")]
     pub cache_drop: CacheDrop,
+    /// Region the client library reads into and writes from (one `read_at`/`write_at` each).
+    #[arg(long, default_value = "256M", value_parser = parse::parse_size)]
+    pub lib_buffer: usize,
     /// Parent of the run's temp dir: must be on a real disk, not tmpfs.
     #[arg(long, default_value = "/var/tmp")]
     pub dir: PathBuf,
@@ -192,6 +196,8 @@ struct Target {
     dir: PathBuf,
     client: Side,
     server: Side,
+    /// The library client, for `braid-lib` (the workloads then use it instead of `dir`).
+    lib: Option<std::sync::Arc<libclient::LibClient>>,
 }
 
 /// The run's shared state.
@@ -232,6 +238,9 @@ fn validate(a: &FsBenchArgs) -> Result<()> {
     }
     if !(a.op_seconds > 0.0 && a.op_seconds <= 600.0) {
         bail!("--op-seconds must be in (0, 600]");
+    }
+    if a.lib_buffer < 1 << 20 || a.lib_buffer > 4 << 30 || a.lib_buffer % workload::BLOCK != 0 {
+        bail!("--lib-buffer must be 1 MiB .. 4 GiB, a multiple of 4 KiB");
     }
     if a.rand_ops == 0 || a.meta_files == 0 {
         bail!("--rand-ops and --meta-files must be at least 1");
@@ -288,7 +297,7 @@ pub fn run(args: &FsBenchArgs) -> Result<Report> {
             ),
         };
         let tb = Testbed::up(&spec)?;
-        run_net(&ctx, &tb, &name, tmp.path(), &mut results, &mut notes)?;
+        run_net(&ctx, &tb, &name, tmp.path(), &mut results)?;
         drop(tb);
     }
     rows::fill_ratios(&mut results);
@@ -324,18 +333,14 @@ pub fn run(args: &FsBenchArgs) -> Result<Report> {
 }
 
 /// Starts the systems on one testbed, runs every round, and ends the systems.
-fn run_net(
-    ctx: &Ctx,
-    tb: &Testbed,
-    net: &str,
-    tmp: &Path,
-    out: &mut Vec<Row>,
-    notes: &mut Vec<String>,
-) -> Result<()> {
+fn run_net(ctx: &Ctx, tb: &Testbed, net: &str, tmp: &Path, out: &mut Vec<Row>) -> Result<()> {
     let args = ctx.args;
     let mut targets = Vec::new();
-    // The services live until the end of this function: unmounted before the testbed goes.
+    let mut libs = Vec::new();
+    // Mounts and servers live until the end of this function: library clients go first,
+    // then the mounts, then the servers, then (in the caller) the testbed.
     let mut services = Vec::new();
+    let mut braid_fs = None;
     for &sys in &args.systems {
         match sys {
             SystemKind::Local => targets.push(Target {
@@ -344,27 +349,37 @@ fn run_net(
                 dir: ctx.export.clone(),
                 client: Side::default(),
                 server: Side::default(),
+                lib: None,
             }),
             SystemKind::Sshfs => {
                 services.push(systems::start_sshfs(tb, tmp, &ctx.export, net, &[])?);
             }
-            SystemKind::BraidMount => {
-                let exe = std::env::current_exe().context("finding the braid executable")?;
+            SystemKind::BraidMount | SystemKind::BraidLib => {
+                if braid_fs.is_none() {
+                    let exe = std::env::current_exe().context("finding the braid executable")?;
+                    braid_fs = Some((
+                        systems::start_braid_server(&exe, tb, tmp, &ctx.export, net)?,
+                        exe,
+                    ));
+                }
+                let (fs, exe) = braid_fs.as_ref().expect("started above");
                 for &r in &args.braid_rails {
-                    let tag = format!("{net}-{r}");
-                    services.push(systems::start_braid_mount(
-                        &exe,
-                        tb,
-                        tmp,
-                        &ctx.export,
-                        r,
-                        &tag,
-                    )?);
+                    if sys == SystemKind::BraidMount {
+                        let tag = format!("{net}-{r}");
+                        services.push(systems::start_braid_mount(exe, tb, fs, tmp, r, &tag)?);
+                    } else {
+                        let c = libclient::LibClient::connect(tb, r, &fs.secret, args.lib_buffer)?;
+                        libs.push(Target {
+                            system: "braid-lib",
+                            rails: r,
+                            dir: ctx.export.clone(),
+                            client: Side::default(),
+                            server: fs.server.side(),
+                            lib: Some(std::sync::Arc::new(c)),
+                        });
+                    }
                 }
             }
-            SystemKind::BraidLib => notes.push(format!(
-                "{sys:?} on {net}: not built in this version of braid fs bench"
-            )),
         }
     }
     for s in &services {
@@ -374,8 +389,10 @@ fn run_net(
             dir: s.mountpoint.clone(),
             client: s.client.clone(),
             server: s.server.clone(),
+            lib: None,
         });
     }
+    targets.append(&mut libs);
     for round in 0..args.rounds {
         for &test in &args.tests {
             for t in &targets {
@@ -387,6 +404,9 @@ fn run_net(
             }
         }
     }
+    drop(targets);
+    drop(services);
+    drop(braid_fs);
     Ok(())
 }
 
@@ -446,12 +466,50 @@ fn measure(ctx: &Ctx, t: &Target, test: TestKind, row: &mut Row) -> Result<Measu
             }
             CacheDrop::Client => {
                 workload::warm(&server_read_file)?;
-                row.resident_before = Some(workload::evict(&read_file)?);
+                // The library keeps no cache of its own: every read_at goes to the server.
+                if t.lib.is_none() {
+                    row.resident_before = Some(workload::evict(&read_file)?);
+                }
             }
             CacheDrop::All => procs::drop_caches()?,
         }
         Ok(())
     };
+    if let Some(lib) = &t.lib {
+        let (m, c0, c1) = match test {
+            TestKind::SeqRead => {
+                prepare_read(row)?;
+                let c0 = Cpu::now(t);
+                let m = lib.seq_read("read.dat", size)?;
+                (m, c0, Cpu::now(t))
+            }
+            TestKind::RandRead => {
+                prepare_read(row)?;
+                let c0 = Cpu::now(t);
+                let m = lib.rand_read("read.dat", a.rand_ops, ops_limit)?;
+                (m, c0, Cpu::now(t))
+            }
+            TestKind::SeqWrite => {
+                let name = format!("write-{tag}.dat");
+                let server_view = ctx.export.join(&name);
+                let _ = std::fs::remove_file(&server_view);
+                // SAFETY: sync has no preconditions; earlier writes must not flush into this run.
+                unsafe { libc::sync() };
+                let c0 = Cpu::now(t);
+                let r = lib.seq_write(&name, &server_view, size);
+                let c1 = Cpu::now(t);
+                let _ = std::fs::remove_file(&server_view);
+                (r?, c0, c1)
+            }
+            TestKind::Metadata => {
+                let c0 = Cpu::now(t);
+                let m = lib.metadata(&tag, a.meta_files, ops_limit)?;
+                (m, c0, Cpu::now(t))
+            }
+        };
+        account(ctx, row, &c0, &c1);
+        return Ok(m);
+    }
     let (m, cpu0, cpu1) = match test {
         TestKind::SeqRead => {
             prepare_read(row)?;
@@ -486,11 +544,16 @@ fn measure(ctx: &Ctx, t: &Target, test: TestKind, row: &mut Row) -> Result<Measu
             (r?, c0, c1)
         }
     };
+    account(ctx, row, &cpu0, &cpu1);
+    Ok(m)
+}
+
+/// The sides' CPU between two snapshots.
+fn account(ctx: &Ctx, row: &mut Row, cpu0: &Cpu, cpu1: &Cpu) {
     row.client_cpu_s = cpu1.client - cpu0.client;
     row.server_cpu_s = cpu1.server - cpu0.server;
     let wall = cpu1.at.duration_since(cpu0.at).as_secs_f64();
     row.machine_cpu_s = (cpu1.machine - cpu0.machine - ctx.bg_cpus * wall).max(0.0);
-    Ok(m)
 }
 
 fn fill(row: &mut Row, m: &Measured) {

@@ -523,6 +523,7 @@ pub fn run(args: &PosixArgs) -> Result<Verdict> {
     ))?;
     let export = tmp.path().join("export");
     std::fs::create_dir_all(&export)?;
+    let mut braid_server = None;
     let service = match args.system {
         PosixSystem::Sshfs => super::systems::start_sshfs(
             &tb,
@@ -531,14 +532,14 @@ pub fn run(args: &PosixArgs) -> Result<Verdict> {
             "posix",
             &["allow_other", "default_permissions"],
         )?,
-        PosixSystem::Braid => super::systems::start_braid_mount(
-            &std::env::current_exe().context("finding the braid executable")?,
-            &tb,
-            tmp.path(),
-            &export,
-            args.rails,
-            "posix",
-        )?,
+        PosixSystem::Braid => {
+            let exe = std::env::current_exe().context("finding the braid executable")?;
+            let fs = super::systems::start_braid_server(&exe, &tb, tmp.path(), &export, "posix")?;
+            let m =
+                super::systems::start_braid_mount(&exe, &tb, &fs, tmp.path(), args.rails, "posix")?;
+            braid_server = Some(fs);
+            m
+        }
     };
     let what = service.system;
     eprintln!(
@@ -554,6 +555,7 @@ pub fn run(args: &PosixArgs) -> Result<Verdict> {
         ))
     })?;
     drop(service);
+    drop(braid_server);
     drop(tb);
     drop(passthrough);
     print!("{}", verdict.report(what));

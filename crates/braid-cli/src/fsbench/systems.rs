@@ -26,7 +26,7 @@ pub struct Service {
     pub client: Side,
     /// The server's processes.
     pub server: Side,
-    // Mount first, then server (tuple fields drop in order).
+    // sshfs: (mount, server), dropped in that order; braid: the mount (its server is shared).
     _guards: Box<dyn Any>,
 }
 
@@ -66,27 +66,46 @@ pub fn start_sshfs(
     })
 }
 
-/// `braid fs mount` of `export` over the first `rails` rails (`braid fs serve` in host 1
-/// listening on each of them), mounted at `tmp/mnt-braid-TAG`. `exe` is the braid binary.
-pub fn start_braid_mount(
+/// A `braid fs serve` of `export` in host 1, listening on every rail, with this run's secret.
+pub struct BraidFs {
+    /// The server process.
+    pub server: BraidServer,
+    /// The cluster secret its clients need.
+    pub secret: String,
+}
+
+/// Starts `braid fs serve` (the binary `exe`) in host 1 on every rail of `tb`; its log is
+/// `tmp/braid-serve-TAG.log`.
+pub fn start_braid_server(
     exe: &Path,
     tb: &Testbed,
     tmp: &Path,
     export: &Path,
-    rails: usize,
     tag: &str,
-) -> Result<Service> {
-    let pairs: Vec<_> = tb.rail_addrs(0, 1).into_iter().take(rails).collect();
+) -> Result<BraidFs> {
     let secret = braidfs::random_secret()?;
-    let server_addrs: Vec<_> = pairs.iter().map(|p| p.1).collect();
+    let addrs: Vec<_> = tb.rail_addrs(0, 1).into_iter().map(|p| p.1).collect();
     let server = BraidServer::start(
         exe,
         &tb.host_ns(1),
         export,
-        &server_addrs,
+        &addrs,
         &secret,
         &tmp.join(format!("braid-serve-{tag}.log")),
     )?;
+    Ok(BraidFs { server, secret })
+}
+
+/// `braid fs mount` of `fs` over its first `rails` rails, at `tmp/mnt-braid-TAG`.
+pub fn start_braid_mount(
+    exe: &Path,
+    tb: &Testbed,
+    fs: &BraidFs,
+    tmp: &Path,
+    rails: usize,
+    tag: &str,
+) -> Result<Service> {
+    let pairs: Vec<_> = tb.rail_addrs(0, 1).into_iter().take(rails).collect();
     let mnt = tmp.join(format!("mnt-braid-{tag}"));
     std::fs::create_dir_all(&mnt)?;
     let m = BraidMount::mount(
@@ -94,16 +113,16 @@ pub fn start_braid_mount(
         &tb.host_ns(0),
         &pairs,
         &mnt,
-        &secret,
+        &fs.secret,
         &tmp.join(format!("braid-mount-{tag}.log")),
     )
-    .map_err(|e| anyhow::anyhow!("{e:#}; the server said: {}", server.log_text().trim()))?;
+    .map_err(|e| anyhow::anyhow!("{e:#}; the server said: {}", fs.server.log_text().trim()))?;
     Ok(Service {
         system: "braid-mount",
         rails,
         mountpoint: mnt,
         client: m.side(),
-        server: server.side(),
-        _guards: Box::new((m, server)),
+        server: fs.server.side(),
+        _guards: Box::new(m),
     })
 }

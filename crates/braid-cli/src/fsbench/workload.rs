@@ -42,7 +42,8 @@ fn block_pattern(index: u64, buf: &mut [u8]) {
     buf[8..16].copy_from_slice(&(!index).to_le_bytes());
 }
 
-fn block_ok(index: u64, buf: &[u8]) -> bool {
+/// Whether `buf` is block `index` of the pattern.
+pub fn block_ok(index: u64, buf: &[u8]) -> bool {
     buf.len() == BLOCK
         && buf[..8] == index.to_le_bytes()
         && buf[8..16] == (!index).to_le_bytes()
@@ -201,7 +202,8 @@ fn thread_cpu_seconds() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+/// The `p` quantile of sorted samples.
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
     }
