@@ -18,6 +18,7 @@ use braid_cli::{demo, parse::parse_rate};
 // FILE: {"results":[...]} with size, iterations, bw_mb_s, msg_rate, client_cpu_s_per_gb,
 // server_cpu_s_per_gb (and more).
 mod bench;
+mod fs_cmd;
 
 /// braid: RMA striped over several Ethernet NICs — testbed, baselines, benchmarks, demo.
 #[derive(Parser, Debug)]
@@ -48,7 +49,8 @@ enum Cmd {
         #[command(subcommand)]
         cmd: bench::BenchCmd,
     },
-    /// The remote file service: benchmark against sshfs.
+    /// The remote file service: `fs serve` exports a directory, `fs mount` mounts it (FUSE),
+    /// `fs bench` measures it against sshfs, `fs posix-suite` runs pjdfstest on it.
     Fs {
         #[command(subcommand)]
         cmd: FsCmd,
@@ -87,6 +89,8 @@ impl ShapeArgs {
 
 #[derive(Subcommand, Debug)]
 enum FsCmd {
+    #[command(flatten)]
+    Service(fs_cmd::FsCmd),
     /// Sequential and random reads, writes with fsync and a metadata loop through the braid
     /// mount, the braid client library and sshfs on a testbed of its own; JSON with ratios.
     Bench(braid_cli::fsbench::FsBenchArgs),
@@ -384,6 +388,9 @@ fn real_main() -> Result<()> {
             demo::run(&opts).map(|_| ())
         }
         Cmd::Bench { cmd } => bench::run(cmd),
+        Cmd::Fs {
+            cmd: FsCmd::Service(c),
+        } => fs_cmd::run(c),
         Cmd::Fs {
             cmd: FsCmd::Bench(a),
         } => braid_cli::fsbench::run(&a).map(|_| ()),

@@ -5,5 +5,6 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod mount;
 pub mod proto;
 pub mod server;

@@ -120,7 +120,8 @@ pub struct BraidMount {
 }
 
 impl BraidMount {
-    /// Mounts over `rails` (local, remote) address pairs and waits until the mount is there.
+    /// Mounts over `rails` (local, remote) address pairs, with further `braid fs mount`
+    /// options `extra`, and waits until the mount is there.
     pub fn mount(
         exe: &Path,
         ns: &str,
@@ -128,6 +129,7 @@ impl BraidMount {
         mountpoint: &Path,
         secret: &str,
         log: &Path,
+        extra: &[&str],
     ) -> Result<BraidMount> {
         let spec: Vec<String> = rails
             .iter()
@@ -136,6 +138,7 @@ impl BraidMount {
         let mut child = nsenter_net(ns, exe)
             .args(["fs", "mount", "--rails"])
             .arg(spec.join(","))
+            .args(extra)
             .arg(mountpoint)
             .env("BRAID_SECRET", secret)
             .env_remove("BRAID_SECRET_FILE")

@@ -366,7 +366,7 @@ fn run_net(ctx: &Ctx, tb: &Testbed, net: &str, tmp: &Path, out: &mut Vec<Row>) -
                 for &r in &args.braid_rails {
                     if sys == SystemKind::BraidMount {
                         let tag = format!("{net}-{r}");
-                        services.push(systems::start_braid_mount(exe, tb, fs, tmp, r, &tag)?);
+                        services.push(systems::start_braid_mount(exe, tb, fs, tmp, r, &tag, &[])?);
                     } else {
                         let c = libclient::LibClient::connect(tb, r, &fs.secret, args.lib_buffer)?;
                         libs.push(Target {

@@ -536,7 +536,16 @@ pub fn run(args: &PosixArgs) -> Result<Verdict> {
             let exe = std::env::current_exe().context("finding the braid executable")?;
             let fs = super::systems::start_braid_server(&exe, &tb, tmp.path(), &export, "posix")?;
             let m =
-                super::systems::start_braid_mount(&exe, &tb, &fs, tmp.path(), args.rails, "posix")?;
+                // The suite switches to other users, as on the passthrough (allow_other).
+                super::systems::start_braid_mount(
+                    &exe,
+                    &tb,
+                    &fs,
+                    tmp.path(),
+                    args.rails,
+                    "posix",
+                    &["--allow-other"],
+                )?;
             braid_server = Some(fs);
             m
         }

@@ -96,7 +96,8 @@ pub fn start_braid_server(
     Ok(BraidFs { server, secret })
 }
 
-/// `braid fs mount` of `fs` over its first `rails` rails, at `tmp/mnt-braid-TAG`.
+/// `braid fs mount` of `fs` over its first `rails` rails, at `tmp/mnt-braid-TAG`, with
+/// further mount options `extra`.
 pub fn start_braid_mount(
     exe: &Path,
     tb: &Testbed,
@@ -104,6 +105,7 @@ pub fn start_braid_mount(
     tmp: &Path,
     rails: usize,
     tag: &str,
+    extra: &[&str],
 ) -> Result<Service> {
     let pairs: Vec<_> = tb.rail_addrs(0, 1).into_iter().take(rails).collect();
     let mnt = tmp.join(format!("mnt-braid-{tag}"));
@@ -115,6 +117,7 @@ pub fn start_braid_mount(
         &mnt,
         &fs.secret,
         &tmp.join(format!("braid-mount-{tag}.log")),
+        extra,
     )
     .map_err(|e| anyhow::anyhow!("{e:#}; the server said: {}", fs.server.log_text().trim()))?;
     Ok(Service {

@@ -130,6 +130,12 @@ impl FileState {
         self.inner.lock().size = size;
     }
 
+    /// The server reported the file at least this large (after a write this client made).
+    pub(crate) fn grown(&self, size: u64) {
+        let mut g = self.inner.lock();
+        g.size = g.size.max(size);
+    }
+
     /// The size as this client knows it.
     pub(crate) fn size(&self) -> u64 {
         self.inner.lock().size

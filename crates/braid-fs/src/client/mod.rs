@@ -176,6 +176,11 @@ impl Inner {
         f
     }
 
+    /// The data-path state of a file this client has open, if any.
+    pub(crate) fn existing_file_state(&self, node: NodeId) -> Option<Arc<FileState>> {
+        self.files.lock().get(&node.id).and_then(Weak::upgrade)
+    }
+
     fn dispatch(&self, c: Completion) {
         if c.wr_id & rpc::RECV != 0 {
             self.rpc.on_recv(

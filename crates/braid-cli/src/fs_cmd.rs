@@ -1,0 +1,149 @@
+//! `braid fs serve` and `braid fs mount`: the remote file service (crates/braid-fs).
+//!
+//! Both stay in the foreground until SIGINT or SIGTERM, like `sshfs -f`; the mount also ends
+//! when it is unmounted from outside (`umount`, `fusermount3 -u`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Args, Subcommand};
+
+use braid_cli::parse::{self, RailSpec};
+use braid_fs::client::{Client, ClientConfig};
+use braid_fs::mount::{MountConfig, mount};
+use braid_fs::server::{Server, ServerConfig};
+
+/// The file service's subcommands.
+#[derive(Subcommand, Debug)]
+pub enum FsCmd {
+    /// Export a directory to braid-fs clients (foreground until SIGINT/SIGTERM).
+    Serve(ServeArgs),
+    /// Mount a braid-fs export with FUSE (foreground until SIGINT/SIGTERM or unmounted).
+    Mount(MountArgs),
+}
+
+/// `braid fs serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// The directory to export; nothing outside it is reachable.
+    #[arg(long)]
+    export: PathBuf,
+    /// Addresses to listen on, IP[:PORT] (default port 18515), one per rail.
+    #[arg(long, value_parser = parse::parse_addrs)]
+    listen: std::vec::Vec<std::net::SocketAddrV4>,
+    /// Refuse every change (EROFS) and register file pages read-only.
+    #[arg(long)]
+    read_only: bool,
+    /// Threads carrying out requests.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+}
+
+/// `braid fs mount`.
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    /// Rails: LOCAL=REMOTE[:PORT][,...], as for `braid bench`.
+    #[arg(long, value_parser = parse::parse_rails)]
+    rails: std::vec::Vec<RailSpec>,
+    /// Seconds the kernel caches attributes.
+    #[arg(long, default_value_t = 1.0)]
+    attr_timeout: f64,
+    /// Seconds the kernel caches names.
+    #[arg(long, default_value_t = 1.0)]
+    entry_timeout: f64,
+    /// fsync on the server at every close (not only at fsync).
+    #[arg(long)]
+    sync_on_close: bool,
+    /// Let other users use the mount (allow_other).
+    #[arg(long)]
+    allow_other: bool,
+    /// Read-ahead of the mount in KiB.
+    #[arg(long, default_value_t = 8192)]
+    readahead_kib: u32,
+    /// Where to mount.
+    mountpoint: PathBuf,
+}
+
+/// Runs a `braid fs` subcommand.
+pub fn run(cmd: FsCmd) -> Result<()> {
+    match cmd {
+        FsCmd::Serve(a) => serve(&a),
+        FsCmd::Mount(a) => mount_cmd(&a),
+    }
+}
+
+/// SIGINT or SIGTERM seen.
+fn signal_flag() -> Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, flag.clone()).context("installing signal handlers")?;
+    }
+    Ok(flag)
+}
+
+fn timeout(s: f64, what: &str) -> Result<Duration> {
+    if !(0.0..=86_400.0).contains(&s) {
+        bail!("{what} must be between 0 and 86400 seconds");
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+fn serve(a: &ServeArgs) -> Result<()> {
+    if a.listen.is_empty() {
+        bail!("--listen needs at least one address");
+    }
+    let stop = signal_flag()?;
+    let ctx = braid::Context::new()?;
+    let mut cfg = ServerConfig::new(&a.export, a.listen.iter().map(|s| (*s).into()).collect());
+    cfg.read_only = a.read_only;
+    cfg.workers = a.workers.clamp(1, 64);
+    let server = Server::start(&ctx, cfg)?;
+    let addrs: Vec<String> = server.local_addrs().iter().map(|s| s.to_string()).collect();
+    eprintln!(
+        "braid fs: serving {} on {}{} (SIGINT or SIGTERM stops)",
+        a.export.display(),
+        addrs.join(","),
+        if a.read_only { ", read-only" } else { "" }
+    );
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("braid fs: stopping");
+    server.shutdown();
+    Ok(())
+}
+
+fn mount_cmd(a: &MountArgs) -> Result<()> {
+    let stop = signal_flag()?;
+    let ctx = braid::Context::new()?;
+    let rails = a
+        .rails
+        .iter()
+        .map(|r| braid::RailAddr::new(Some(r.local.into()), r.remote_sa()))
+        .collect();
+    let client =
+        Client::connect(&ctx, &ClientConfig::new(rails)).context("connecting to the server")?;
+    let mut cfg = MountConfig::new(&a.mountpoint);
+    cfg.attr_timeout = timeout(a.attr_timeout, "--attr-timeout")?;
+    cfg.entry_timeout = timeout(a.entry_timeout, "--entry-timeout")?;
+    cfg.sync_on_close = a.sync_on_close;
+    cfg.allow_other = a.allow_other;
+    cfg.readahead_kib = a.readahead_kib.max(4);
+    cfg.fsname = format!("braid-fs:{}", a.rails[0].remote);
+    let m = mount(client, cfg)?;
+    eprintln!(
+        "braid fs: mounted {} on {} over {} rail(s) (SIGINT or SIGTERM unmounts)",
+        a.rails[0].remote,
+        a.mountpoint.display(),
+        a.rails.len()
+    );
+    while !stop.load(Ordering::Acquire) && m.is_mounted() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("braid fs: unmounting {}", a.mountpoint.display());
+    m.unmount().context("unmounting")?;
+    Ok(())
+}

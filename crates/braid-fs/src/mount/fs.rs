@@ -1,0 +1,852 @@
+//! The FUSE file system: each kernel request becomes an RPC or a one-sided operation, and
+//! the reply to the kernel is sent from the client's completion thread, so the threads that
+//! read `/dev/fuse` never wait on the network (only, briefly, for a free buffer).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request as FuseReq,
+    TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+use super::MountConfig;
+use super::pool::Pool;
+use crate::client::{Client, Error, FileState};
+use crate::proto::{
+    Attr, COMMIT_DATASYNC, COMMIT_SYNC, COMMIT_TOUCH, Creds, DirEntry, Entry, NodeId, Reply,
+    Request, SetAttr, TimeSet, Timestamp,
+};
+
+/// Small writes that grow a file travel inside a request (one round trip, no `MapRegion`).
+const INLINE_GROWTH_MAX: usize = 32 * 1024;
+/// How long a kernel request may wait for a free buffer.
+const BUFFER_WAIT: Duration = Duration::from_secs(30);
+
+fn errno(e: &Error) -> fuser::Errno {
+    fuser::Errno::from_i32(e.errno().raw())
+}
+
+fn kind(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+/// The kernel's view of an object: `st_ino` is the node id (FUSE uses one number for both).
+fn file_attr(node: u64, a: &Attr) -> FileAttr {
+    let ctime = a.ctime.to_system_time();
+    FileAttr {
+        ino: INodeNo(node),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime.to_system_time(),
+        mtime: a.mtime.to_system_time(),
+        ctime,
+        crtime: ctime,
+        kind: kind(a.mode),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize.max(4096),
+        flags: 0,
+    }
+}
+
+fn timeset(t: Option<TimeOrNow>) -> TimeSet {
+    match t {
+        None => TimeSet::Omit,
+        Some(TimeOrNow::Now) => TimeSet::Now,
+        Some(TimeOrNow::SpecificTime(t)) => TimeSet::At(Timestamp::from_system_time(t)),
+    }
+}
+
+/// An open file of the kernel's.
+struct Handle {
+    /// The server's handle.
+    fh: u64,
+    state: Arc<FileState>,
+}
+
+/// An open directory: the server's handle and the last batch of entries.
+struct DirHandle {
+    dh: u64,
+    /// The offset the batch was read from, and the batch.
+    from: u64,
+    entries: Vec<DirEntry>,
+    eof: bool,
+}
+
+impl DirHandle {
+    /// Index in the batch of the first entry after `offset`.
+    fn position(&self, offset: u64) -> Option<usize> {
+        if offset == self.from {
+            return Some(0);
+        }
+        self.entries
+            .iter()
+            .position(|e| e.next_offset == offset)
+            .map(|i| i + 1)
+    }
+}
+
+/// Adds entries to a kernel readdir reply until it is full.
+fn fill(entries: &[DirEntry], reply: &mut ReplyDirectory) {
+    for e in entries {
+        if reply.add(
+            INodeNo(e.ino),
+            e.next_offset,
+            kind(e.file_type),
+            OsStr::from_bytes(&e.name),
+        ) {
+            break;
+        }
+    }
+}
+
+/// State the reply callbacks share with the request handlers.
+pub(crate) struct Shared {
+    client: Client,
+    generation: u64,
+    attr_ttl: Duration,
+    entry_ttl: Duration,
+    sync_on_close: bool,
+    pool: Arc<Pool>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    dirs: Mutex<HashMap<u64, Arc<Mutex<DirHandle>>>>,
+    next: AtomicU64,
+    /// (size, mtime) the kernel was last told of each node.
+    seen: Mutex<HashMap<u64, (u64, Timestamp)>>,
+    pub(crate) notifier: Mutex<Option<fuser::Notifier>>,
+}
+
+impl Shared {
+    fn node(&self, ino: INodeNo) -> NodeId {
+        NodeId {
+            id: ino.0,
+            generation: self.generation,
+        }
+    }
+
+    /// Records what the kernel is told; true if it differs from what it was told before.
+    fn note(&self, node: u64, a: &Attr) -> bool {
+        let now = (a.size, a.mtime);
+        self.seen
+            .lock()
+            .insert(node, now)
+            .is_some_and(|before| before != now)
+    }
+
+    fn attr(&self, node: u64, a: &Attr) -> FileAttr {
+        self.note(node, a);
+        file_attr(node, a)
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, r: Result<Reply, Error>) {
+        match r {
+            Ok(Reply::Entry(e)) => self.entry(reply, &e),
+            Ok(_) => reply.error(fuser::Errno::EIO),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn entry(&self, reply: ReplyEntry, e: &Entry) {
+        let fa = self.attr(e.node.id, &e.attr);
+        reply.entry_with_ttls(
+            &self.attr_ttl,
+            &self.entry_ttl,
+            &fa,
+            Generation(e.node.generation),
+        );
+    }
+
+    fn reply_empty(reply: ReplyEmpty, r: Result<Reply, Error>) {
+        match r {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn reply_attr(&self, reply: ReplyAttr, node: u64, r: Result<Reply, Error>) {
+        match r {
+            Ok(Reply::Attr(a)) => reply.attr(&self.attr_ttl, &self.attr(node, &a)),
+            Ok(_) => reply.error(fuser::Errno::EIO),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn handle(&self, fh: FileHandle) -> Option<Arc<Handle>> {
+        self.handles.lock().get(&fh.0).cloned()
+    }
+
+    fn add_handle(&self, h: Handle) -> FileHandle {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(id, Arc::new(h));
+        FileHandle(id)
+    }
+
+    /// Open flags for the kernel: keep its cached pages unless the file changed since it
+    /// last heard of it (then also drop its cached attributes: close-to-open).
+    fn open_flags(&self, ino: u64, a: &Attr) -> FopenFlags {
+        if self.note(ino, a) {
+            if let Some(n) = self.notifier.lock().as_ref()
+                && let Err(e) = n.inval_inode(INodeNo(ino), -1, 0)
+            {
+                tracing::debug!("invalidating cached attributes of {ino}: {e}");
+            }
+            FopenFlags::empty()
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE
+        }
+    }
+
+    fn creds(req: &FuseReq, umask: u32) -> Creds {
+        Creds {
+            uid: req.uid(),
+            gid: req.gid(),
+            umask,
+        }
+    }
+
+    /// Waits (without blocking) for the file's writes, then commits with `flags` (plus
+    /// `COMMIT_TOUCH` when written since the last commit) if `always` or written.
+    fn commit(
+        self: &Arc<Self>,
+        h: Arc<Handle>,
+        flags: u32,
+        always: bool,
+        done: impl FnOnce(Result<(), Error>) + Send + 'static,
+    ) {
+        let me = self.clone();
+        let state = h.state.clone();
+        state.when_idle(Box::new(move || {
+            let (dirty, err) = h.state.take_flush_state();
+            if let Some(e) = err {
+                return done(Err(Error::Remote(e)));
+            }
+            if !(dirty || always) {
+                return done(Ok(()));
+            }
+            let flags = flags | if dirty { COMMIT_TOUCH } else { 0 };
+            me.client
+                .call_async(&Request::Commit { fh: h.fh, flags }, move |r| {
+                    done(r.map(|_| ()))
+                });
+        }));
+    }
+}
+
+/// The FUSE side of a mount.
+pub(crate) struct BraidFs {
+    pub(crate) shared: Arc<Shared>,
+    readahead: u32,
+}
+
+impl BraidFs {
+    pub(crate) fn new(client: Client, cfg: &MountConfig, pool: Pool) -> BraidFs {
+        let generation = client.root().node.generation;
+        BraidFs {
+            shared: Arc::new(Shared {
+                client,
+                generation,
+                attr_ttl: cfg.attr_timeout,
+                entry_ttl: cfg.entry_timeout,
+                sync_on_close: cfg.sync_on_close,
+                pool: Arc::new(pool),
+                handles: Mutex::new(HashMap::new()),
+                dirs: Mutex::new(HashMap::new()),
+                next: AtomicU64::new(1),
+                seen: Mutex::new(HashMap::new()),
+                notifier: Mutex::new(None),
+            }),
+            readahead: cfg.readahead_kib.saturating_mul(1024),
+        }
+    }
+
+    fn name(name: &OsStr) -> Vec<u8> {
+        name.as_bytes().to_vec()
+    }
+}
+
+impl Filesystem for BraidFs {
+    fn init(&mut self, _req: &FuseReq, config: &mut KernelConfig) -> std::io::Result<()> {
+        let slot = self.shared.pool.slot_size() as u32;
+        if let Err(max) = config.set_max_write(slot) {
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(self.readahead.max(slot)) {
+            let _ = config.set_max_readahead(max);
+        }
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        for cap in [
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            InitFlags::FUSE_AUTO_INVAL_DATA,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_MAX_PAGES,
+        ] {
+            if config.add_capabilities(cap).is_err() {
+                tracing::debug!("kernel lacks {cap:?}");
+            }
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let s = self.shared.clone();
+        let req = Request::Lookup {
+            parent: s.node(parent),
+            name: Self::name(name),
+        };
+        self.shared
+            .client
+            .call_async(&req, move |r| s.reply_entry(reply, r));
+    }
+
+    fn forget(&self, _req: &FuseReq, ino: INodeNo, nlookup: u64) {
+        if ino != INodeNo::ROOT {
+            let node = self.shared.node(ino);
+            self.shared.client.call_async(
+                &Request::Forget {
+                    items: vec![(node, nlookup)],
+                },
+                |_| {},
+            );
+        }
+    }
+
+    fn getattr(&self, _req: &FuseReq, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let s = self.shared.clone();
+        let node = s.node(ino);
+        let ask = move || {
+            let s2 = s.clone();
+            s.client.call_async(&Request::GetAttr { node }, move |r| {
+                s2.reply_attr(reply, node.id, r)
+            });
+        };
+        // Writes this client has acknowledged must show in the size and times.
+        match self.shared.client.inner.existing_file_state(node) {
+            Some(st) => st.when_idle(Box::new(ask)),
+            None => ask(),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &FuseReq,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let s = self.shared.clone();
+        let node = s.node(ino);
+        let srv_fh = fh.and_then(|f| s.handle(f)).map_or(0, |h| h.fh);
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: timeset(atime),
+            mtime: timeset(mtime),
+        };
+        let state = s.client.inner.existing_file_state(node);
+        let go = {
+            let state = state.clone();
+            move || {
+                let s2 = s.clone();
+                s.client.call_async(
+                    &Request::SetAttr {
+                        node,
+                        fh: srv_fh,
+                        set,
+                    },
+                    move |r| {
+                        if let (Some(st), Ok(Reply::Attr(a)), Some(_)) = (&state, &r, size) {
+                            st.set_size(a.size);
+                        }
+                        s2.reply_attr(reply, node.id, r)
+                    },
+                );
+            }
+        };
+        // A truncation must not be overtaken by this client's writes still in flight.
+        match state {
+            Some(st) if size.is_some() => st.when_idle(Box::new(go)),
+            _ => go(),
+        }
+    }
+
+    fn readlink(&self, _req: &FuseReq, ino: INodeNo, reply: ReplyData) {
+        let node = self.shared.node(ino);
+        self.shared
+            .client
+            .call_async(&Request::ReadLink { node }, move |r| match r {
+                Ok(Reply::Link(t)) => reply.data(&t),
+                Ok(_) => reply.error(fuser::Errno::EIO),
+                Err(e) => reply.error(errno(&e)),
+            });
+    }
+
+    fn mknod(
+        &self,
+        req: &FuseReq,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let s = self.shared.clone();
+        let r = Request::Mknod {
+            parent: s.node(parent),
+            name: Self::name(name),
+            mode,
+            rdev,
+            creds: Shared::creds(req, umask),
+        };
+        self.shared
+            .client
+            .call_async(&r, move |r| s.reply_entry(reply, r));
+    }
+
+    fn mkdir(
+        &self,
+        req: &FuseReq,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let s = self.shared.clone();
+        let r = Request::Mkdir {
+            parent: s.node(parent),
+            name: Self::name(name),
+            mode,
+            creds: Shared::creds(req, umask),
+        };
+        self.shared
+            .client
+            .call_async(&r, move |r| s.reply_entry(reply, r));
+    }
+
+    fn unlink(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = Request::Unlink {
+            parent: self.shared.node(parent),
+            name: Self::name(name),
+        };
+        self.shared
+            .client
+            .call_async(&r, move |r| Shared::reply_empty(reply, r));
+    }
+
+    fn rmdir(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = Request::Rmdir {
+            parent: self.shared.node(parent),
+            name: Self::name(name),
+        };
+        self.shared
+            .client
+            .call_async(&r, move |r| Shared::reply_empty(reply, r));
+    }
+
+    fn symlink(
+        &self,
+        req: &FuseReq,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let s = self.shared.clone();
+        let r = Request::Symlink {
+            parent: s.node(parent),
+            name: Self::name(link_name),
+            target: target.as_os_str().as_bytes().to_vec(),
+            creds: Shared::creds(req, 0),
+        };
+        self.shared
+            .client
+            .call_async(&r, move |r| s.reply_entry(reply, r));
+    }
+
+    fn rename(
+        &self,
+        _req: &FuseReq,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = Request::Rename {
+            parent: self.shared.node(parent),
+            name: Self::name(name),
+            new_parent: self.shared.node(newparent),
+            new_name: Self::name(newname),
+            flags: flags.bits(),
+        };
+        self.shared
+            .client
+            .call_async(&r, move |r| Shared::reply_empty(reply, r));
+    }
+
+    fn link(
+        &self,
+        _req: &FuseReq,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let s = self.shared.clone();
+        let r = Request::Link {
+            node: s.node(ino),
+            new_parent: s.node(newparent),
+            new_name: Self::name(newname),
+        };
+        self.shared
+            .client
+            .call_async(&r, move |r| s.reply_entry(reply, r));
+    }
+
+    fn open(&self, _req: &FuseReq, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let s = self.shared.clone();
+        let node = s.node(ino);
+        let f = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_APPEND);
+        self.shared.client.call_async(
+            &Request::Open {
+                node,
+                flags: f as u32,
+            },
+            move |r| match r {
+                Ok(Reply::Opened(o)) => {
+                    let state = s.client.inner.file_state(node);
+                    state.opened(o.attr.size, o.region);
+                    let fopen = s.open_flags(node.id, &o.attr);
+                    let fh = s.add_handle(Handle { fh: o.fh, state });
+                    reply.opened(fh, fopen);
+                }
+                Ok(_) => reply.error(fuser::Errno::EIO),
+                Err(e) => reply.error(errno(&e)),
+            },
+        );
+    }
+
+    fn read(
+        &self,
+        _req: &FuseReq,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let s = &self.shared;
+        let Some(h) = s.handle(fh) else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let Some(slot) = s.pool.take(BUFFER_WAIT) else {
+            return reply.error(fuser::Errno::EAGAIN);
+        };
+        let pool = s.pool.clone();
+        let sge = pool.sge(slot, size as usize);
+        h.state.read(
+            &s.client.inner,
+            h.fh,
+            offset,
+            sge,
+            Box::new(move |r| {
+                match r {
+                    Ok(n) => pool.with_bytes(slot, n, |b| reply.data(b)),
+                    Err(e) => reply.error(errno(&e)),
+                }
+                pool.give(slot);
+            }),
+        );
+    }
+
+    fn write(
+        &self,
+        _req: &FuseReq,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _wf: WriteFlags,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let s = &self.shared;
+        let Some(h) = s.handle(fh) else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let end = offset.saturating_add(data.len() as u64);
+        if data.len() <= INLINE_GROWTH_MAX && end > h.state.size() {
+            // A small write that grows the file: one request carries it (after this
+            // client's earlier writes, so it lands last).
+            let (client, data, state) = (s.client.clone(), data.to_vec(), h.state.clone());
+            let srv_fh = h.fh;
+            h.state.when_idle(Box::new(move || {
+                client.call_async(
+                    &Request::Write {
+                        fh: srv_fh,
+                        offset,
+                        data,
+                    },
+                    move |r| match r {
+                        Ok(Reply::Written(n, a)) => {
+                            state.grown(a.size);
+                            reply.written(n);
+                        }
+                        Ok(_) => reply.error(fuser::Errno::EIO),
+                        Err(e) => reply.error(errno(&e)),
+                    },
+                );
+            }));
+            return;
+        }
+        let Some(slot) = s.pool.take(BUFFER_WAIT) else {
+            return reply.error(fuser::Errno::EAGAIN);
+        };
+        if s.pool.fill(slot, data).is_err() {
+            s.pool.give(slot);
+            return reply.error(fuser::Errno::EIO);
+        }
+        let pool = s.pool.clone();
+        let sge = pool.sge(slot, data.len());
+        // Acknowledged now; a failure is kept and reported by flush, fsync or close.
+        h.state.write(
+            &s.client.inner,
+            h.fh,
+            offset,
+            sge,
+            Box::new(move |_| pool.give(slot)),
+        );
+        reply.written(data.len() as u32);
+    }
+
+    fn flush(
+        &self,
+        _req: &FuseReq,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        let Some(h) = self.shared.handle(fh) else {
+            return reply.ok();
+        };
+        let always = self.shared.sync_on_close;
+        let flags = if always { COMMIT_SYNC } else { 0 };
+        self.shared.commit(h, flags, always, move |r| match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &FuseReq,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if let Some(h) = self.shared.handles.lock().remove(&fh.0) {
+            let client = self.shared.client.clone();
+            let state = h.state.clone();
+            // After the handle's writes are out, so none lands after the close.
+            state.when_idle(Box::new(move || {
+                client.call_async(&Request::Release { fh: h.fh }, |_| {});
+            }));
+        }
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &FuseReq,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(h) = self.shared.handle(fh) else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let flags = if datasync {
+            COMMIT_DATASYNC
+        } else {
+            COMMIT_SYNC
+        };
+        self.shared.commit(h, flags, true, move |r| match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn opendir(&self, _req: &FuseReq, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let s = self.shared.clone();
+        self.shared
+            .client
+            .call_async(&Request::OpenDir { node: s.node(ino) }, move |r| match r {
+                Ok(Reply::Handle(dh)) => {
+                    let id = s.next.fetch_add(1, Ordering::Relaxed);
+                    let d = DirHandle {
+                        dh,
+                        from: u64::MAX,
+                        entries: Vec::new(),
+                        eof: false,
+                    };
+                    s.dirs.lock().insert(id, Arc::new(Mutex::new(d)));
+                    reply.opened(FileHandle(id), FopenFlags::empty());
+                }
+                Ok(_) => reply.error(fuser::Errno::EIO),
+                Err(e) => reply.error(errno(&e)),
+            });
+    }
+
+    fn readdir(
+        &self,
+        _req: &FuseReq,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(d) = self.shared.dirs.lock().get(&fh.0).cloned() else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let dh = {
+            let g = d.lock();
+            // Served from the last batch when it reaches `offset`.
+            if let Some(start) = g.position(offset)
+                && (start < g.entries.len() || g.eof)
+            {
+                fill(&g.entries[start..], &mut reply);
+                return reply.ok();
+            }
+            g.dh
+        };
+        let req = Request::ReadDir {
+            dh,
+            offset,
+            max_bytes: 32 * 1024,
+        };
+        self.shared.client.call_async(&req, move |r| match r {
+            Ok(Reply::Dir(entries, eof)) => {
+                let mut g = d.lock();
+                g.from = offset;
+                g.entries = entries;
+                g.eof = eof;
+                fill(&g.entries, &mut reply);
+                reply.ok();
+            }
+            Ok(_) => reply.error(fuser::Errno::EIO),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &FuseReq,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        if let Some(d) = self.shared.dirs.lock().remove(&fh.0) {
+            let dh = d.lock().dh;
+            self.shared
+                .client
+                .call_async(&Request::ReleaseDir { dh }, |_| {});
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &FuseReq, _ino: INodeNo, reply: ReplyStatfs) {
+        self.shared
+            .client
+            .call_async(&Request::StatFs, move |r| match r {
+                Ok(Reply::StatFs(s)) => reply.statfs(
+                    s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+                ),
+                Ok(_) => reply.error(fuser::Errno::EIO),
+                Err(e) => reply.error(errno(&e)),
+            });
+    }
+
+    fn create(
+        &self,
+        req: &FuseReq,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let s = self.shared.clone();
+        let r = Request::Create {
+            parent: s.node(parent),
+            name: Self::name(name),
+            mode,
+            flags: (flags & (libc::O_ACCMODE | libc::O_EXCL | libc::O_TRUNC | libc::O_APPEND))
+                as u32,
+            creds: Shared::creds(req, umask),
+        };
+        self.shared.client.call_async(&r, move |r| match r {
+            Ok(Reply::Created(e, o)) => {
+                let state = s.client.inner.file_state(e.node);
+                state.opened(o.attr.size, o.region);
+                let fa = s.attr(e.node.id, &e.attr);
+                let fh = s.add_handle(Handle { fh: o.fh, state });
+                reply.created(
+                    &s.attr_ttl,
+                    &fa,
+                    Generation(e.node.generation),
+                    fh,
+                    FopenFlags::empty(),
+                );
+            }
+            Ok(_) => reply.error(fuser::Errno::EIO),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+}
