@@ -7,7 +7,7 @@
 use std::fs;
 use std::path::Path;
 
-use braid::wire::frame::FLAG_IMM;
+use braid::wire::frame::{FLAG_IMM, FLAG_TRAILER};
 use braid::wire::handshake::{AuthProof, caps};
 use braid::wire::{FrameHeader, HandshakeStatus, Hello, HelloReply, Opcode};
 
@@ -110,6 +110,21 @@ fn main() {
             "max_payload",
             hdr(Opcode::Write, 9, 1, 0, 16 << 20, 0, 16 << 20),
         ),
+        ("write_v", hdr(Opcode::WriteV, 10, 0, 0, 4096, 3, 72)),
+        (
+            "read_v",
+            hdr(Opcode::ReadV, 11, 0, 0, 1 << 20, 256, 256 * 24),
+        ),
+        (
+            "write_v_data",
+            hdr(Opcode::WriteVData, 10, 0, 0, 4096, 1024, 1024),
+        ),
+        ("read_response_trailer", {
+            let mut h = hdr(Opcode::ReadResponse, 2, 0, 0, 4096, 0, 4096);
+            h.flags = FLAG_TRAILER;
+            h.aux = 1;
+            h
+        }),
     ];
     for (name, h) in frames {
         assert_eq!(FrameHeader::decode(&h.encode()), Ok(h), "{name}");
@@ -122,7 +137,7 @@ fn main() {
     // ------------------------------------------------------------------ handshake
     let d = &dirs[1];
     let hello = Hello {
-        version: 1,
+        version: braid::wire::handshake::HANDSHAKE_VERSION,
         rail_index: 1,
         rail_count: 4,
         capabilities: caps::PAYLOAD_CRC32C | caps::AUTH,
@@ -150,7 +165,7 @@ fn main() {
         ("reply_auth_failed", HandshakeStatus::AuthFailed),
     ] {
         let r = HelloReply {
-            version: 1,
+            version: braid::wire::handshake::HANDSHAKE_VERSION,
             rail_index: 1,
             rail_count: 4,
             status,
@@ -314,7 +329,90 @@ fn main() {
             Seq::new(0x10).frame(0x40, h)
         }),
     ];
-    for (name, s) in seeds {
+    // Vectored requests and file pages (version 2): key 4 is the file region (600 bytes of
+    // file under 1000 registered), keys inside a list are rewritten like header keys.
+    let sgl = |entries: &[(u64, u64, u64)]| -> Vec<u8> {
+        entries
+            .iter()
+            .flat_map(|&(k, a, l)| [k, a, l])
+            .flat_map(u64::to_le_bytes)
+            .collect()
+    };
+    let desc = |op: Opcode, seq: u64, entries: &[(u64, u64, u64)]| {
+        let total = entries.iter().map(|e| e.2).sum();
+        hdr(
+            op,
+            seq,
+            0,
+            0,
+            total,
+            entries.len() as u64,
+            (entries.len() * 24) as u32,
+        )
+    };
+    let trailer = |mut h: FrameHeader| {
+        h.flags |= FLAG_TRAILER;
+        h
+    };
+    let v2 = [
+        ("writev", {
+            let e = [(0, 10, 30), (4, 100, 50), (0, 500, 20)];
+            Seq::new(1)
+                .frame_with(0, desc(Opcode::WriteV, 0, &e), &sgl(&e))
+                .frame(1, hdr(Opcode::WriteVData, 0, 0, 0, 100, 60, 40))
+                .frame(0x40, hdr(Opcode::WriteVData, 0, 0, 0, 100, 0, 60))
+        }),
+        ("writev_bad_piece", {
+            let e = [(0, 10, 30), (1, 0, 10)];
+            Seq::new(0)
+                .frame_with(0, desc(Opcode::WriteV, 0, &e), &sgl(&e))
+                .frame(0x40, hdr(Opcode::WriteVData, 0, 0, 0, 40, 0, 40))
+        }),
+        ("readv", {
+            let e = [(1, 0, 50), (4, 500, 90), (0, 0, 8)];
+            Seq::new(0).frame_with(0x40, desc(Opcode::ReadV, 0, &e), &sgl(&e))
+        }),
+        ("readv_past_eof", {
+            let e = [(4, 590, 20)];
+            Seq::new(0).frame_with(0x40, desc(Opcode::ReadV, 0, &e), &sgl(&e))
+        }),
+        (
+            "file_read_trailer",
+            Seq::new(2)
+                .frame(0x40, hdr(Opcode::ReadRequest, 0, 4, 0, 300, 0, 0))
+                .frame(0x40, FrameHeader::new(Opcode::RailAck)),
+        ),
+        (
+            "file_read_fault",
+            Seq::new(0).frame(0x60, hdr(Opcode::ReadRequest, 0, 4, 100, 200, 0, 0)),
+        ),
+        (
+            "file_write_fault",
+            Seq::new(0)
+                .frame(0x20, hdr(Opcode::Write, 0, 4, 0, 64, 0, 32))
+                .frame(0x40, hdr(Opcode::Write, 0, 4, 0, 64, 32, 32)),
+        ),
+        ("file_write_crc", {
+            let p: Vec<u8> = (0..32u8).collect();
+            let mut h = hdr(Opcode::Write, 0, 4, 0, 32, 0, 32);
+            h.crc = crc32c(&p);
+            Seq::new(0x10).frame_with(0x40, h, &p)
+        }),
+        (
+            "responses_v",
+            Seq::new(1)
+                .frame(0x40, FrameHeader::new(Opcode::RailAck))
+                .frame(0, hdr(Opcode::Done, 7, 0, 0, 0, 0, 0))
+                .frame(0, trailer(hdr(Opcode::ReadResponse, 8, 0, 0, 30, 0, 10)))
+                .frame(1, trailer(hdr(Opcode::Done, 8, 0, 0, 0, 0, 0)))
+                .frame(0x40, {
+                    let mut h = trailer(hdr(Opcode::ReadResponse, 8, 0, 0, 30, 10, 20));
+                    h.aux = 1;
+                    h
+                }),
+        ),
+    ];
+    for (name, s) in seeds.into_iter().chain(v2) {
         write(d, name, &s.0);
     }
     let long = Seq::new(0)

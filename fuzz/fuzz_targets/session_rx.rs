@@ -4,7 +4,10 @@
 //! records, each
 //!
 //! ```text
-//!   ctl: u8            rail = (ctl & 0x3f) % rails
+//!   ctl: u8            rail = (ctl & 0x1f) % rails
+//!                      0x20: a truncated file page: this frame's placement, if it is file
+//!                            pages, faults (`payload_fault`, nothing placed), and so does the
+//!                            next frame sent from file pages (padded, `transmit_faulted`)
 //!                      0x40: afterwards, report earlier frames written, run the timer
 //!                            (`on_tick`) and poll_transmit every rail
 //!                      0x80: first, post one more receive
@@ -13,9 +16,11 @@
 //!   payload            header.payload_len bytes (the input may end early)
 //! ```
 //!
-//! The rkey field is rewritten when it is below 8: key `k` names region `k % 4` of
-//! [rw (all rights), ro (remote read only), rx (local write only), revoked]; other values
-//! are used as they are (random keys the fuzzer cannot guess).
+//! The rkey field is rewritten when it is below 8: key `k` names region `k % 5` of
+//! [rw (all rights), ro (remote read only), rx (local write only), revoked, file (remote
+//! read and write; 1000 bytes registered of a 600-byte file)]; other values are used as they
+//! are (random keys the fuzzer cannot guess). The same goes for the keys in the scatter/gather
+//! list of a `WriteV`/`ReadV` payload.
 //!
 //! The harness drives the session as the engine does: a frame offered on a rail whose
 //! previous frame stalled waits behind it until `take_rx_retry` names the rail; `Place`
@@ -23,8 +28,8 @@
 //! `payload_done`; an `Err` (or an input ending inside a payload) loses the rail.
 //!
 //! Checked: no panic (including the core's debug assertions), every placement lies inside
-//! memory the session may write (the rw and rx regions; never the read-only one), and adds up
-//! to the frame's payload length; every transmitted frame decodes, its payload lies inside
+//! memory the session may write (the rw, rx and file regions; never the read-only one), adds
+//! up to the frame's payload length and is flagged `fragile` when it holds file pages; every transmitted frame decodes, its payload lies inside
 //! registered memory and adds up to its `payload_len`; completions name posted work requests,
 //! each at most once; after a final `close`, every posted work request has completed
 //! (`BRAID_FUZZ_STRICT=0` turns this last check off).
@@ -39,14 +44,34 @@ use braid::mem::Registry;
 use braid::proto::{Request, RxAction, Session, SessionConfig, Transmit};
 use braid::wire::FrameHeader;
 use braid::wire::frame::HEADER_LEN;
-use braid::{Access, Region, Sge};
+use braid::wire::sgl::SGE_LEN;
+use braid::{Access, Region, RemoteKey, RemoteSge, Sge};
 use libfuzzer_sys::fuzz_target;
 
 struct Mem {
     rw: Region,
     ro: Region,
     rx: Region,
-    keys: [u64; 4],
+    file: Region,
+    keys: [u64; 5],
+}
+
+/// The file behind the file region: made once per process (unlinked at once), 600 bytes.
+fn backing_file() -> &'static std::fs::File {
+    static F: OnceLock<std::fs::File> = OnceLock::new();
+    F.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!("braid-fuzz-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .expect("fuzz backing file");
+        let _ = std::fs::remove_file(&path);
+        f.set_len(600).expect("fuzz backing file size");
+        f
+    })
 }
 
 fn span(r: &Region) -> (usize, usize) {
@@ -89,6 +114,9 @@ struct Harness {
     stalled: Vec<bool>,
     /// Rails the driver has closed.
     dead: Vec<bool>,
+    /// A truncation is under way: the next file-page frame sent or placed faults.
+    fault_tx: bool,
+    fault_rx: bool,
     now: Instant,
 }
 
@@ -113,11 +141,20 @@ impl Harness {
         let gone = Region::allocate_in(&reg, 64, Access::all()).unwrap();
         let gone_key = gone.remote_key().key;
         gone.deregister(Duration::from_secs(1)).unwrap();
+        let file = Region::register_file_in(
+            &reg,
+            backing_file(),
+            0,
+            1000,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .unwrap();
         let keys = [
             rw.remote_key().key,
             ro.remote_key().key,
             rx.remote_key().key,
             gone_key,
+            file.remote_key().key,
         ];
         let cfg = SessionConfig {
             chunk_size: 64,
@@ -136,13 +173,21 @@ impl Harness {
         let s = Session::new(cfg, reg, rails, 7);
         let mut h = Harness {
             s,
-            mem: Mem { rw, ro, rx, keys },
+            mem: Mem {
+                rw,
+                ro,
+                rx,
+                file,
+                keys,
+            },
             open: HashSet::new(),
             next_recv_id: 100,
             unreported: Vec::new(),
             backlog: (0..rails).map(|_| VecDeque::new()).collect(),
             stalled: vec![false; rails],
             dead: vec![false; rails],
+            fault_tx: false,
+            fault_rx: false,
             now: Instant::now(),
         };
         h.post_initial();
@@ -154,7 +199,8 @@ impl Harness {
     fn post_initial(&mut self) {
         let m = &self.mem;
         let (rw, rx) = (m.rw.clone(), m.rx.clone());
-        let [krw, kro, _, _] = m.keys;
+        let [krw, kro, _, _, kfile] = m.keys;
+        let rk = |key| RemoteKey { key, len: 1000 };
         let reqs = vec![
             Request::Write {
                 local: vec![rw.slice(0, 150).unwrap()],
@@ -192,6 +238,21 @@ impl Harness {
                 rkey: krw,
                 addr: 64,
                 imm: Some(3),
+            },
+            // Vectored, seq 7 and 8.
+            Request::WriteV {
+                local: vec![rw.slice(0, 40).unwrap()],
+                remote: vec![
+                    RemoteSge::new(rk(krw), 100, 20),
+                    RemoteSge::new(rk(kfile), 0, 20),
+                ],
+            },
+            Request::ReadV {
+                local: vec![rx.slice(350, 30).unwrap()],
+                remote: vec![
+                    RemoteSge::new(rk(kro), 0, 10),
+                    RemoteSge::new(rk(kfile), 10, 20),
+                ],
             },
         ];
         for (i, r) in reqs.into_iter().enumerate() {
@@ -246,8 +307,8 @@ impl Harness {
             "transmit payload length mismatch"
         );
         let m = &self.mem;
-        let ranges = [span(&m.rw), span(&m.ro), span(&m.rx)];
-        let pages = [pages(&m.rw), pages(&m.ro), pages(&m.rx)];
+        let ranges = [span(&m.rw), span(&m.ro), span(&m.rx), span(&m.file)];
+        let pages = [pages(&m.rw), pages(&m.ro), pages(&m.rx), pages(&m.file)];
         let mut sum = 0u64;
         for &(p, l) in &t.payload {
             // Inside a region, or in memory of the session's own (left to the sanitizer).
@@ -256,11 +317,16 @@ impl Harness {
                 "transmit payload outside regions: {:?}",
                 t.payload
             );
-            // SAFETY: checked to lie inside a live region; read as the driver would.
+            // SAFETY: checked to lie inside a live region; read as the driver would (the
+            // file is never truncated here, so its pages are there).
             let bytes = unsafe { std::slice::from_raw_parts(p, l) };
             sum = bytes.iter().fold(sum, |a, &b| a.wrapping_add(b as u64));
         }
         std::hint::black_box(sum);
+    }
+
+    fn from_file(&self, p: *const u8, len: usize) -> bool {
+        len > 0 && inside(&[span(&self.mem.file)], p as usize, len)
     }
 
     /// Reports frames handed out earlier as written, runs the timer, then takes frames from
@@ -278,6 +344,11 @@ impl Harness {
                 self.check_transmit(&t);
                 if trace() {
                     eprintln!("  sent on {rail}: {:?}", FrameHeader::decode(&t.header));
+                }
+                if self.fault_tx && t.payload.iter().any(|&(p, l)| self.from_file(p, l)) {
+                    // The file's pages went away under this frame: the driver pads it.
+                    self.fault_tx = false;
+                    self.s.transmit_faulted(&t.header);
                 }
                 if let Some(token) = t.read_response {
                     self.unreported.push(token);
@@ -325,11 +396,21 @@ impl Harness {
                 // Registered memory the session may write into: never the read-only region.
                 // Memory outside every region's pages (staging buffers) is left to the
                 // address sanitizer.
-                let ranges = [span(&m.rw), span(&m.rx)];
-                let pages = [pages(&m.rw), pages(&m.ro), pages(&m.rx)];
+                let ranges = [span(&m.rw), span(&m.rx), span(&m.file)];
+                let pages = [pages(&m.rw), pages(&m.ro), pages(&m.rx), pages(&m.file)];
                 let total: usize = place.iov.iter().map(|p| p.1).sum();
                 assert_eq!(total, len, "placement of {total} bytes for {h:?}");
+                let on_file = place.iov.iter().any(|&(p, l)| self.from_file(p, l));
+                // Set whenever file pages are in it (it may be set for an operation's chunk
+                // that only touches memory).
+                assert!(!on_file || place.fragile, "fragile flag for {h:?}");
                 let mut src = payload;
+                if self.fault_rx && place.fragile {
+                    // Nothing can be placed: the driver drops the payload.
+                    self.fault_rx = false;
+                    self.s.payload_fault(rail);
+                    src = &[];
+                }
                 for &(p, l) in &place.iov {
                     assert!(
                         inside(&ranges, p as usize, l) || disjoint(&pages, p as usize, l),
@@ -453,7 +534,7 @@ fn run(data: &[u8]) {
     while !rest.is_empty() {
         let ctl = rest[0];
         rest = &rest[1..];
-        let rail = (ctl & 0x3f) as usize % rails;
+        let rail = (ctl & 0x1f) as usize % rails;
         if ctl & 0x80 != 0 {
             hx.post_another_recv();
             if !hx.settle(|hx| hx.run_retries()) {
@@ -482,11 +563,22 @@ fn run(data: &[u8]) {
             continue;
         };
         if h.rkey < 8 {
-            h.rkey = hx.mem.keys[h.rkey as usize % 4];
+            h.rkey = hx.mem.keys[h.rkey as usize % 5];
+        }
+        if ctl & 0x20 != 0 {
+            (hx.fault_rx, hx.fault_tx) = (true, true);
         }
         let len = h.payload_len as usize;
         let take = len.min(rest.len());
-        let payload = rest[..take].to_vec();
+        let mut payload = rest[..take].to_vec();
+        if h.opcode.is_descriptor() {
+            for e in payload.chunks_exact_mut(SGE_LEN) {
+                let k = u64::from_le_bytes(e[..8].try_into().unwrap());
+                if k < 8 {
+                    e[..8].copy_from_slice(&hx.mem.keys[k as usize % 5].to_le_bytes());
+                }
+            }
+        }
         rest = &rest[take..];
         hx.backlog[rail].push_back((h, payload, take == len));
         let ok = hx.settle(|hx| {

@@ -269,3 +269,34 @@ fn server_gone_fails_everything_within_the_peer_timeout() {
     let later = c.getattr(c.root().node).unwrap_err();
     assert_eq!(later.errno(), Errno::ENOTCONN, "{later:?}");
 }
+
+/// A local process truncates the file on the server under a client: reads past the new end
+/// are short, a write past it grows the file again; the server takes no SIGBUS.
+#[test]
+fn truncated_on_the_server_under_a_client() {
+    let s = setup(false);
+    let c = s.client();
+    let (_, f) = c.create(c.root().node, b"t", 0o644, libc::O_RDWR).unwrap();
+    let data = pattern(8 << 20, 1);
+    f.write_all_at(0, &data).unwrap();
+    f.flush().unwrap();
+    assert_eq!(f.size(), 8 << 20);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(s.root.join("t"))
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let buf = s.ctx.alloc_region(1 << 20, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(
+        f.read_at(6 << 20, &buf, 0, 1 << 20).unwrap(),
+        0,
+        "past the new end: nothing"
+    );
+    assert_eq!(f.read_at(0, &buf, 0, 8192).unwrap(), 4096);
+    f.write_at(7 << 20, &buf, 0, 1 << 20).unwrap();
+    f.flush().unwrap();
+    assert_eq!(std::fs::metadata(s.root.join("t")).unwrap().len(), 8 << 20);
+    // The server still serves.
+    assert!(c.getattr(c.root().node).is_ok());
+}

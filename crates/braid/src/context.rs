@@ -166,6 +166,44 @@ impl Context {
         unsafe { Region::borrow(&self.inner.registry, ptr, len, access) }
     }
 
+    /// Registers `len` bytes of a regular file, starting at file offset `offset`, as a region:
+    /// the range is mapped `MAP_SHARED`, so a peer's RMA read is served from this host's page
+    /// cache and a peer's RMA write lands in it (the kernel writes it back as for any mapped
+    /// file; `fsync` the file to make it durable). Transfers are striped over every rail as
+    /// for any region, and the data moves in one copy between the socket and the page cache.
+    ///
+    /// `access` may hold `REMOTE_READ`, `REMOTE_WRITE` and `LOCAL_WRITE`; the writable rights
+    /// need the file open read-write (read-only rights map it read-only). `REMOTE_ATOMIC` is
+    /// refused, since atomics are loads and stores that a truncated page answers with
+    /// `SIGBUS`. The descriptor is duplicated (the caller may close its own); any `offset`
+    /// works (the mapping starts at the page below it).
+    ///
+    /// **File size.** The range may extend past the file's current end. Every remote access
+    /// is checked, when it executes, against the file's size at that moment: bytes at or
+    /// past the end of the file are a remote access error
+    /// ([`crate::Status::RemoteAccessError`] at the initiator), never a fault. So a file
+    /// grows under a registration without a new key: extend it (`ftruncate`, `fallocate`,
+    /// `write`) and the new bytes, up to the registered length, become reachable. To reach
+    /// beyond the registered length, register again (a new key).
+    ///
+    /// **Truncation under a transfer.** Pages the file loses while a transfer uses them make
+    /// that operation fail cleanly: the initiator gets `RemoteAccessError` (or, for its own
+    /// file pages, [`crate::Status::LocalAccessError`]), the endpoint stays usable, and no
+    /// thread of this process takes a `SIGBUS`: braid touches file pages only through
+    /// system calls. Local access goes through [`Region::read_at`] and
+    /// [`Region::write_at`], which follow the same rules; [`Region::as_mut_ptr`] does not.
+    ///
+    /// The memory counts against [`ContextConfig::max_registered_bytes`] with its length.
+    pub fn register_file(
+        &self,
+        file: impl std::os::fd::AsFd,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<Region, Error> {
+        Region::map_file(&self.inner.registry, file, offset, len, access)
+    }
+
     /// Number of regions registered in this context.
     pub fn region_count(&self) -> usize {
         self.inner.registry.len()

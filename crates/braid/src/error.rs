@@ -26,6 +26,19 @@ pub enum Error {
         /// The region's length.
         region_len: u64,
     },
+    /// A local access to a file region reaches past the file's end (or a page was truncated
+    /// during the copy).
+    #[error(
+        "range {offset}+{len} of a file region is past the end of the file ({readable} bytes of the region are before it)"
+    )]
+    PastEndOfFile {
+        /// First byte, in the region.
+        offset: u64,
+        /// Length.
+        len: u64,
+        /// Bytes of the region before the file's end when the error was found.
+        readable: u64,
+    },
     /// A local region lacks a right the operation needs (e.g. `LOCAL_WRITE` for a read target).
     #[error("local region lacks the {0} right")]
     MissingRight(&'static str),
@@ -105,6 +118,11 @@ pub enum Status {
     /// The target refused the access: unknown or revoked key, missing right, or range outside
     /// the region. The target memory is unchanged.
     RemoteAccessError,
+    /// A local file region's pages could not be read or written: the file was truncated
+    /// under the operation (see [`crate::Context::register_file`]). For a write or send the
+    /// peer received zeros in place of the missing bytes; for a read the local bytes are
+    /// undefined.
+    LocalAccessError,
     /// The target could not carry the request out (misaligned atomic, message longer than the
     /// posted receive buffer).
     RemoteInvalidRequest,

@@ -47,5 +47,5 @@ pub use context::{Context, ContextConfig, Listener, SECRET_ENV, SECRET_FILE_ENV}
 pub use cq::{CompletionQueue, NextCompletion};
 pub use endpoint::{Endpoint, EndpointOptions, RailAddr};
 pub use error::{Completion, CompletionKind, Error, Status};
-pub use mem::{Access, Region, RegionOptions, RemoteKey, Sge};
+pub use mem::{Access, Region, RegionOptions, RemoteKey, RemoteSge, Sge};
 pub use proto::SessionConfig;

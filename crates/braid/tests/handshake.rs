@@ -91,7 +91,7 @@ fn client_gets_version_mismatch() {
         matches!(
             err,
             Error::VersionMismatch {
-                ours: 1,
+                ours: braid::wire::handshake::HANDSHAKE_VERSION,
                 theirs: 9,
                 ..
             }
@@ -114,11 +114,12 @@ fn server_refuses_foreign_version_and_garbage_then_still_accepts() {
     let sopts = opts(&sctx);
     let acceptor = std::thread::spawn(move || l.accept(&sopts, WAIT));
 
-    // A peer speaking version 2 gets a reply naming ours, then the connection closes.
+    // A peer speaking version 1 (before vectored operations and file regions) gets a reply
+    // naming ours, then the connection closes.
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
     let h = Hello {
-        version: 2,
+        version: 1,
         rail_index: 0,
         rail_count: 1,
         capabilities: 0,
@@ -132,7 +133,7 @@ fn server_refuses_foreign_version_and_garbage_then_still_accepts() {
     let r = HelloReply::decode(&b).unwrap();
     assert_eq!(
         (r.status, r.version),
-        (HandshakeStatus::VersionUnsupported, 1)
+        (HandshakeStatus::VersionUnsupported, 2)
     );
     assert_eq!(s.read(&mut b).unwrap(), 0, "closed after the refusal");
 
@@ -151,7 +152,7 @@ fn server_refuses_foreign_version_and_garbage_then_still_accepts() {
     let mut bad = TcpStream::connect(addr).unwrap();
     bad.set_read_timeout(Some(WAIT)).unwrap();
     let hb = Hello {
-        version: 1,
+        version: braid::wire::handshake::HANDSHAKE_VERSION,
         rail_index: 3,
         rail_count: 2,
         ..h

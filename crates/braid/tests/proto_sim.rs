@@ -12,7 +12,7 @@ use std::time::Duration;
 use braid::proto::{PostError, ProtocolError, Request, RxAction, Session, SessionConfig};
 use braid::wire::frame::{FLAG_EARLY, FLAG_IMM};
 use braid::wire::{FrameError, FrameHeader, HEADER_LEN, Opcode, WireStatus};
-use braid::{Access, Completion, CompletionKind, Region, Status};
+use braid::{Access, Completion, CompletionKind, Region, RemoteKey, RemoteSge, Status};
 use sim::{Rng, Sim, random_sgl, seeds};
 
 const A: usize = 0;
@@ -2225,8 +2225,8 @@ struct Expect {
     value: Option<u64>,
     /// Read destination and the bytes it must hold.
     check: Option<(Region, usize, Vec<u8>)>,
-    /// Remote range of a read, while outstanding.
-    read_range: Option<(usize, usize)>,
+    /// Remote ranges of a read, while outstanding.
+    read_ranges: Vec<(usize, usize)>,
     _src: Option<Region>,
 }
 
@@ -2256,6 +2256,65 @@ struct Party {
 
 /// Applies a posted operation to the model (initiator's party, target's party).
 type Apply = Box<dyn FnOnce(&mut Party, &mut Party)>;
+
+/// Remote pieces of `rkey` as a vectored operation's list.
+fn remote_list(rkey: u64, pieces: &[(usize, usize)]) -> Vec<RemoteSge> {
+    let key = RemoteKey {
+        key: rkey,
+        len: MEM as u64,
+    };
+    pieces
+        .iter()
+        .map(|&(a, l)| RemoteSge::new(key, a as u64, l as u64))
+        .collect()
+}
+
+/// Splits `len` into 1 to 16 positive parts.
+fn split(rng: &mut Rng, len: usize) -> Vec<usize> {
+    let k = rng.urange(1, len.min(16));
+    let mut left = len;
+    let mut parts = Vec::with_capacity(k);
+    for i in 0..k - 1 {
+        let p = rng.urange(1, left - (k - 1 - i));
+        parts.push(p);
+        left -= p;
+    }
+    parts.push(left);
+    parts
+}
+
+/// Disjoint remote pieces totalling `len` inside the memory (with gaps between them), in a
+/// random list order.
+fn disjoint_pieces(rng: &mut Rng, len: usize) -> Vec<(usize, usize)> {
+    let parts = split(rng, len);
+    let gaps: Vec<usize> = parts.iter().map(|_| rng.urange(0, 100)).collect();
+    let span = len + gaps.iter().sum::<usize>();
+    if span > MEM {
+        return vec![(rng.urange(0, MEM - len), len)];
+    }
+    let mut at = rng.urange(0, MEM - span);
+    let mut pieces: Vec<(usize, usize)> = parts
+        .iter()
+        .zip(&gaps)
+        .map(|(&l, &g)| {
+            let p = (at + g, l);
+            at += g + l;
+            p
+        })
+        .collect();
+    for i in (1..pieces.len()).rev() {
+        pieces.swap(i, rng.urange(0, i));
+    }
+    pieces
+}
+
+/// Remote pieces totalling `len` anywhere in `[lo, MEM)`, overlapping or not.
+fn any_pieces(rng: &mut Rng, len: usize, lo: usize) -> Vec<(usize, usize)> {
+    split(rng, len)
+        .into_iter()
+        .map(|l| (rng.urange(lo, MEM - l), l))
+        .collect()
+}
 
 /// Returns how many write chunks were placed ahead of their turn (relaxed placement).
 fn mixed_case(seed: u64) -> u64 {
@@ -2354,7 +2413,7 @@ fn mixed_case(seed: u64) -> u64 {
                     byte_len,
                     value: None,
                     check: None,
-                    read_range: None,
+                    read_ranges: Vec::new(),
                     _src: None,
                 };
                 let len = if rng.chance(0.05) {
@@ -2367,13 +2426,25 @@ fn mixed_case(seed: u64) -> u64 {
                 // overlapping a read whose data is not sent yet must wait for it.
                 let addr = rng.urange(0, MEM - len);
                 let mut choice = rng.below(100);
+                // Some writes (without immediate) and reads are vectored: the remote pieces
+                // (addr, len) in list order, disjoint for writes.
+                let vec_write = (choice < 30 && len > 1 && rng.chance(0.3))
+                    .then(|| disjoint_pieces(&mut rng, len));
                 // See large_read_then_overlapping_write_completes: until the target can
                 // hold a write back behind a read without deadlocking, writes and atomics
                 // avoid the ranges of the writer's outstanding reads unless BRAID_SIM_OVERLAP
                 // is set.
                 if choice < 40 && !overlap_ok {
-                    let busy = parties[s].pending.iter().filter_map(|e| e.read_range);
-                    if busy.clone().any(|(a, l)| addr < a + l && a < addr + len) {
+                    let busy: Vec<(usize, usize)> = parties[s]
+                        .pending
+                        .iter()
+                        .flat_map(|e| e.read_ranges.iter().copied())
+                        .collect();
+                    let mine = vec_write.clone().unwrap_or(vec![(addr, len)]);
+                    if mine
+                        .iter()
+                        .any(|&(m, ml)| busy.iter().any(|&(a, l)| m < a + l && a < m + ml))
+                    {
                         choice = 50;
                     }
                 }
@@ -2388,14 +2459,27 @@ fn mixed_case(seed: u64) -> u64 {
                         let sgl = random_sgl(&mut rng, &src, off, len, 3);
                         let mut e = mk(CompletionKind::Write, Status::Success, len as u64);
                         e._src = Some(src);
-                        let req = Request::Write {
-                            local: sgl,
-                            rkey,
-                            addr: addr as u64,
-                            imm,
+                        let pieces = vec_write.unwrap_or(vec![(addr, len)]);
+                        let req = if pieces.len() > 1 || (choice < 30 && len > 0 && rng.chance(0.1))
+                        {
+                            Request::WriteV {
+                                local: sgl,
+                                remote: remote_list(rkey, &pieces),
+                            }
+                        } else {
+                            Request::Write {
+                                local: sgl,
+                                rkey,
+                                addr: pieces[0].0 as u64,
+                                imm,
+                            }
                         };
                         let apply = Box::new(move |_: &mut Party, tp: &mut Party| {
-                            tp.model[addr..addr + len].copy_from_slice(&data);
+                            let mut at = 0;
+                            for (a, l) in pieces {
+                                tp.model[a..a + l].copy_from_slice(&data[at..at + l]);
+                                at += l;
+                            }
                             if let Some(imm) = imm {
                                 tp.incoming.push_back(Msg {
                                     kind: CompletionKind::RecvWriteImm,
@@ -2420,15 +2504,32 @@ fn mixed_case(seed: u64) -> u64 {
                         let dst = sim.sides[s].alloc(len + off + 1, Access::LOCAL_WRITE);
                         dst.fill(0, len + off + 1, 0xA5).unwrap();
                         let sgl = random_sgl(&mut rng, &dst, off, len, 3);
+                        let lo = if overlap_ok { 0 } else { ATOMIC_AREA };
+                        let pieces = if len > 1 && rng.chance(0.3) {
+                            any_pieces(&mut rng, len, lo)
+                        } else {
+                            vec![(addr, len)]
+                        };
                         let mut want = vec![0xA5; len + off + 1];
-                        want[off..off + len].copy_from_slice(&parties[t].model[addr..addr + len]);
+                        let mut at = off;
+                        for &(a, l) in &pieces {
+                            want[at..at + l].copy_from_slice(&parties[t].model[a..a + l]);
+                            at += l;
+                        }
                         let mut e = mk(CompletionKind::Read, Status::Success, len as u64);
                         e.check = Some((dst, 0, want));
-                        e.read_range = Some((addr, len));
-                        let req = Request::Read {
-                            local: sgl,
-                            rkey,
-                            addr: addr as u64,
+                        e.read_ranges = pieces.clone();
+                        let req = if pieces.len() > 1 {
+                            Request::ReadV {
+                                local: sgl,
+                                remote: remote_list(rkey, &pieces),
+                            }
+                        } else {
+                            Request::Read {
+                                local: sgl,
+                                rkey,
+                                addr: pieces[0].0 as u64,
+                            }
                         };
                         (req, e, Box::new(|_: &mut Party, _: &mut Party| {}))
                     }
@@ -2514,7 +2615,47 @@ fn mixed_case(seed: u64) -> u64 {
                         // A protection violation: nothing changes, no receive is consumed.
                         let src = sim.sides[s].alloc(len + 1, Access::LOCAL_WRITE);
                         let sgl = vec![src.slice(0, len).unwrap()];
-                        let (req, kind) = match rng.below(4) {
+                        let good = RemoteSge::new(
+                            RemoteKey {
+                                key: rkey,
+                                len: MEM as u64,
+                            },
+                            0,
+                            1,
+                        );
+                        let (req, kind) = match rng.below(if len > 1 { 6 } else { 4 }) {
+                            // Vectored: one good piece and one bad one fail it all.
+                            4 => (
+                                Request::WriteV {
+                                    local: sgl,
+                                    remote: vec![
+                                        good,
+                                        RemoteSge::new(
+                                            RemoteKey {
+                                                key: rkey ^ (1 << 40),
+                                                len: MEM as u64,
+                                            },
+                                            0,
+                                            len as u64 - 1,
+                                        ),
+                                    ],
+                                },
+                                CompletionKind::Write,
+                            ),
+                            5 => (
+                                Request::ReadV {
+                                    local: sgl,
+                                    remote: vec![
+                                        good,
+                                        RemoteSge::new(
+                                            good.key,
+                                            (MEM - len / 2) as u64 + 1,
+                                            len as u64 - 1,
+                                        ),
+                                    ],
+                                },
+                                CompletionKind::Read,
+                            ),
                             0 => (
                                 Request::Write {
                                     local: sgl,

@@ -134,7 +134,7 @@ fn replayed_and_truncated_handshakes_are_refused() {
     // by its timeout; refused rails are logged and do not end it early.
     let acc = std::thread::spawn(move || l.accept(&o, Duration::from_secs(2)));
     let hello = Hello {
-        version: 1,
+        version: braid::wire::handshake::HANDSHAKE_VERSION,
         rail_index: 0,
         rail_count: 2,
         capabilities: 0,

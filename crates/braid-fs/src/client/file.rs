@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 
 use super::data::DataCb;
 use super::{Error, Inner};
-use crate::proto::{Errno, Mapped, NodeId, RegionInfo, Reply, Request};
+use crate::proto::{Errno, Mapped, RegionInfo, Reply, Request};
 
 /// Receives the bytes read (fewer than asked at the end of the file) or the error.
 pub(crate) type ReadCb = Box<dyn FnOnce(Result<usize, Error>) + Send>;
@@ -39,6 +39,8 @@ struct WriteOp {
     offset: u64,
     local: Sge,
     cb: DataCb,
+    /// Sent again once already (after the file shrank under it).
+    retried: bool,
 }
 
 impl WriteOp {
@@ -95,7 +97,6 @@ impl FileInner {
 
 /// What this client knows and has in flight for one open file.
 pub(crate) struct FileState {
-    pub(crate) node: NodeId,
     inner: Mutex<FileInner>,
 }
 
@@ -106,9 +107,8 @@ fn run(later: Later) {
 }
 
 impl FileState {
-    pub(crate) fn new(node: NodeId) -> Arc<FileState> {
+    pub(crate) fn new() -> Arc<FileState> {
         Arc::new(FileState {
-            node,
             inner: Mutex::new(FileInner::default()),
         })
     }
@@ -207,6 +207,7 @@ impl FileState {
             offset,
             local,
             cb,
+            retried: false,
         };
         let mut later = Later::new();
         {
@@ -332,26 +333,59 @@ impl FileState {
         };
         g.writes_in_flight += 1;
         let me = self.clone();
-        let user_cb = op.cb;
+        let c2 = c.clone();
+        let WriteOp {
+            fh,
+            offset,
+            local,
+            cb: user_cb,
+            retried,
+        } = op;
+        let again = local.clone();
         let cb: DataCb = Box::new(move |r| {
-            let idle = {
+            let mut later = Later::new();
+            let done = {
                 let mut g = me.inner.lock();
                 g.writes_in_flight -= 1;
-                if let Err(e) = &r {
-                    g.error.get_or_insert(e.errno());
-                }
-                if g.busy_writing() {
-                    Vec::new()
-                } else {
-                    std::mem::take(&mut g.idle)
+                match r {
+                    Err(Error::Access) if !retried => {
+                        // The file shrank under the write (another client or a local
+                        // process truncated it): grow it again, then write once more.
+                        g.size = g.size.min(offset);
+                        let op = WriteOp {
+                            fh,
+                            offset,
+                            local: again,
+                            cb: user_cb,
+                            retried: true,
+                        };
+                        let end = op.end();
+                        g.queue.push_front(Queued::Write(op));
+                        me.grow(&mut g, &c2, fh, end, &mut later);
+                        None
+                    }
+                    r => {
+                        if let Err(e) = &r {
+                            g.error.get_or_insert(e.errno());
+                        }
+                        let idle = if g.busy_writing() {
+                            Vec::new()
+                        } else {
+                            std::mem::take(&mut g.idle)
+                        };
+                        Some((user_cb, r, idle))
+                    }
                 }
             };
-            user_cb(r);
-            for f in idle {
-                f();
+            run(later);
+            if let Some((user_cb, r, idle)) = done {
+                user_cb(r);
+                for f in idle {
+                    f();
+                }
             }
         });
-        if let Err((e, cb)) = c.data.write(op.local, &key, op.offset, cb) {
+        if let Err((e, cb)) = c.data.write(local, &key, offset, cb) {
             // The callback was handed back unrun: undo its count ourselves.
             g.writes_in_flight -= 1;
             g.error.get_or_insert(e.errno());

@@ -171,7 +171,7 @@ impl Inner {
             return f;
         }
         files.retain(|_, w| w.strong_count() > 0);
-        let f = FileState::new(node);
+        let f = FileState::new();
         files.insert(node.id, Arc::downgrade(&f));
         f
     }

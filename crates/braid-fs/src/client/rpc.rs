@@ -81,10 +81,6 @@ impl Rpc {
         })
     }
 
-    pub(crate) fn endpoint(&self) -> &Endpoint {
-        &self.ep
-    }
-
     /// Why the client stopped, once it has.
     pub(crate) fn dead(&self) -> Option<String> {
         self.state.lock().dead.clone()

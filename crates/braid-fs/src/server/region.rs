@@ -8,41 +8,26 @@
 //! A registration covers a capacity of at least the file's size (a power of two), so a file
 //! can grow through `MapRegion` (an `ftruncate`) without a new registration each time; a
 //! file that outgrows it gets a larger one (a new key and generation, which `MapRegion`
-//! returns). Pages past the file's end are never touched by braid from user space: an access
-//! there fails with an error completion instead of a `SIGBUS`.
+//! returns). braid checks every remote access against the file's size when it executes:
+//! bytes past the end (a file truncated by anyone, on this host or through the service) are
+//! a remote access error at the client, never a `SIGBUS` in the server.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
 use braid::{Access, Context, Region};
 
 use crate::proto::{Errno, RegionInfo};
 
-/// One registration of a file's pages.
+/// One registration of a file's pages (`Context::register_file`): dropping it revokes the
+/// key, after remote operations still using it have finished.
 pub(crate) struct FileRegion {
-    region: Option<Region>,
-    ptr: *mut libc::c_void,
-    map_len: usize,
+    _region: Region,
     pub(crate) info: RegionInfo,
 }
 
-// SAFETY: the pointer is only used to unmap the mapping in Drop, after the region is gone.
-unsafe impl Send for FileRegion {}
-// SAFETY: as above; no shared access goes through the pointer.
-unsafe impl Sync for FileRegion {}
-
-impl Drop for FileRegion {
-    fn drop(&mut self) {
-        // Revokes the key and waits for remote operations still using the pages.
-        drop(self.region.take());
-        // SAFETY: ptr/map_len came from a successful mmap, unmapped once, after the
-        // registration (the only other user of the memory) ended.
-        unsafe { libc::munmap(self.ptr, self.map_len) };
-    }
-}
-
 impl FileRegion {
-    /// Maps `len` bytes of the file open as `fd` and registers them; `writable` grants
+    /// Registers `len` bytes of the file open as `fd` from offset 0; `writable` grants
     /// remote writes (then `fd` must be open read-write).
     pub(crate) fn register(
         ctx: &Context,
@@ -51,54 +36,23 @@ impl FileRegion {
         writable: bool,
         generation: u64,
     ) -> Result<FileRegion, Errno> {
-        if len == 0 {
-            return Err(Errno::EINVAL);
-        }
         let len_usize = usize::try_from(len).map_err(|_| Errno::EFBIG)?;
-        let page = rustix::param::page_size();
-        let map_len = len_usize
-            .checked_next_multiple_of(page)
-            .ok_or(Errno::EFBIG)?;
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
-        // SAFETY: a fresh shared mapping of a file we hold open; the kernel picks the address.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(Errno::from(std::io::Error::last_os_error()));
-        }
         let access = if writable {
             Access::REMOTE_READ | Access::REMOTE_WRITE
         } else {
             Access::REMOTE_READ
         };
-        // SAFETY: the mapping stays valid until Drop, which ends the registration first. The
-        // pages are never viewed as Rust references on this side.
-        let region = match unsafe { ctx.register(ptr.cast(), len_usize, access) } {
-            Ok(r) => r,
-            Err(e) => {
-                // SAFETY: the mapping just made, not registered.
-                unsafe { libc::munmap(ptr, map_len) };
-                tracing::warn!("registering a file region of {len} bytes failed: {e}");
-                return Err(Errno::ENOMEM);
+        let region = ctx.register_file(fd, 0, len_usize, access).map_err(|e| {
+            tracing::warn!("registering a file region of {len} bytes failed: {e}");
+            match e {
+                braid::Error::Io(io) => Errno::from(io),
+                braid::Error::InvalidArgument(_) => Errno::EINVAL,
+                _ => Errno::ENOMEM,
             }
-        };
+        })?;
         let key = region.remote_key();
         Ok(FileRegion {
-            region: Some(region),
-            ptr,
-            map_len,
+            _region: region,
             info: RegionInfo {
                 key: key.key,
                 len: key.len,

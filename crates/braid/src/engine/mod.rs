@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 
 use crate::cq::CompletionQueue;
 use crate::error::CompletionKind;
+use crate::mem::file::copy_maybe_fragile;
 use crate::proto::{Placement, RxAction, Session, Transmit};
 use crate::wire::{FrameHeader, HEADER_LEN};
 
@@ -67,6 +68,26 @@ struct TxState {
     /// Frames being written, in order; `off` bytes of the first are already sent.
     batch: std::collections::VecDeque<Transmit>,
     off: usize,
+    /// The last send failed with `EFAULT` (file pages truncated under a frame): the first
+    /// frame is sent alone until it is out, to tell which frame it was.
+    solo: bool,
+}
+
+/// Zeros that stand in for file pages a truncation took away after a frame's header
+/// promised them (see [`pad_frame`]).
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// Replaces the payload of a frame with zeros of the same length: the bytes already sent
+/// stay sent, the stream stays in step, and the session has been told the frame is void.
+fn pad_frame(t: &mut Transmit) {
+    let mut left: usize = t.payload.iter().map(|p| p.1).sum();
+    let mut pieces = Vec::with_capacity(left.div_ceil(ZEROS.len()));
+    while left > 0 {
+        let n = left.min(ZEROS.len());
+        pieces.push((ZEROS.as_ptr(), n));
+        left -= n;
+    }
+    t.payload = pieces;
 }
 
 impl RailIo {
@@ -78,6 +99,7 @@ impl RailIo {
                 stream,
                 batch: std::collections::VecDeque::new(),
                 off: 0,
+                solo: false,
             }),
             rx: Mutex::new(RxCore::new()),
         }
@@ -99,6 +121,7 @@ impl RailIo {
         tx.stream = stream;
         tx.batch.clear();
         tx.off = 0;
+        tx.solo = false;
         self.tx_blocked.store(false, Ordering::Release);
     }
 }
@@ -159,6 +182,7 @@ impl EndpointShared {
                     // Whatever was half-written is in the session's log, to be sent elsewhere.
                     tx.batch.clear();
                     tx.off = 0;
+                    tx.solo = false;
                     return Ok(Flush::Idle);
                 }
                 let mut bytes: usize = tx.batch.iter().map(Transmit::len).sum::<usize>() - tx.off;
@@ -176,13 +200,16 @@ impl EndpointShared {
                 return Ok(Flush::Idle);
             }
             let mut pieces = Vec::with_capacity(2 * tx.batch.len());
-            for t in &tx.batch {
+            for t in tx.batch.iter().take(if tx.solo { 1 } else { usize::MAX }) {
                 pieces.push((t.header.as_ptr(), HEADER_LEN));
                 pieces.extend_from_slice(&t.payload);
             }
             match io::send_pieces(tx.stream.as_raw_fd(), &pieces, tx.off) {
                 Ok(n) => {
                     tx.off += n;
+                    if tx.solo && tx.batch.front().is_some_and(|t| t.len() <= tx.off) {
+                        tx.solo = false;
+                    }
                     while tx.batch.front().is_some_and(|t| t.len() <= tx.off) {
                         let t = tx.batch.pop_front().expect("checked");
                         tx.off -= t.len();
@@ -198,6 +225,17 @@ impl EndpointShared {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Flush::Blocked),
+                Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                    // File pages under a payload were truncated (frames from ordinary memory
+                    // cannot fault). Find the frame: the first one alone, then pad it.
+                    if !tx.solo && tx.batch.len() > 1 {
+                        tx.solo = true;
+                        continue;
+                    }
+                    let t = tx.batch.front_mut().expect("a frame was being sent");
+                    self.session.lock().transmit_faulted(&t.header);
+                    pad_frame(t);
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -431,7 +469,11 @@ impl RxRail<'_> {
                     }
                 }
                 RxState::Payload { place, len, done } => {
-                    if self.c.drained {
+                    // A short read into file pages may have stopped at a truncated page rather
+                    // than at the end of the socket's data: such a placement always asks
+                    // again, which answers EFAULT or EAGAIN (edge-triggered polling would not
+                    // wake us for bytes already there).
+                    if self.c.drained && !place.fragile {
                         self.set_lowat(fd, (len - done).min(LOWAT_MAX));
                         self.c.state = RxState::Payload { place, len, done };
                         return RxStep::Wait;
@@ -505,6 +547,12 @@ impl RxRail<'_> {
                             self.c.state = RxState::Payload { place, len, done };
                             return RxStep::Wait;
                         }
+                        Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                            // The destination's file pages were truncated: the operation
+                            // fails, the rest of the payload is read and dropped.
+                            self.ep.session.lock().payload_fault(self.rail);
+                            self.c.state = RxState::Discard { left: len - done };
+                        }
                         Err(e) => return self.die(&format!("receive failed: {e}")),
                     }
                 }
@@ -556,22 +604,34 @@ impl RxRail<'_> {
                 // Bytes of the payload already in the small buffer go first.
                 let have = self.buffered().min(len);
                 let mut copied = 0;
+                let mut ok = true;
                 for &(p, l) in &place.iov {
                     if copied == have {
                         break;
                     }
                     let n = l.min(have - copied);
-                    // SAFETY: p points at l writable bytes of pinned registered memory.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
+                    // SAFETY: p points at l writable bytes of pinned registered memory (file
+                    // pages, which may be gone, are written with a system call).
+                    ok &= unsafe {
+                        copy_maybe_fragile(
                             self.c.buf[self.c.start + copied..].as_ptr(),
                             p,
                             n,
+                            place.fragile,
                         )
                     };
                     copied += n;
                 }
                 self.c.start += have;
+                if !ok {
+                    self.ep.session.lock().payload_fault(self.rail);
+                    if have == len {
+                        self.payload_done(0);
+                    } else {
+                        self.c.state = RxState::Discard { left: len - have };
+                    }
+                    return None;
+                }
                 if have == len {
                     self.payload_done(len);
                 } else {

@@ -1,7 +1,8 @@
 //! Registered memory and the registry that the target side checks every access against.
 
+pub(crate) mod file;
 pub mod region;
 pub mod registry;
 
-pub use region::{Access, Region, RegionOptions, RemoteKey, Sge};
+pub use region::{Access, Region, RegionOptions, RemoteKey, RemoteSge, Sge};
 pub use registry::Registry;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::Error;
+use crate::mem::file::{FileMap, read_fragile, write_fragile};
 use crate::mem::registry::Registry;
 
 /// Access rights of a region, combined with `|`.
@@ -136,6 +137,9 @@ enum Backing {
     Mapped { map_len: usize },
     /// The caller owns it (see [`crate::Context::register`]).
     Borrowed,
+    /// Pages of a file, mapped `MAP_SHARED` (see [`crate::Context::register_file`]); the map
+    /// is undone when the last reference goes.
+    File(FileMap),
 }
 
 /// The memory and bookkeeping behind a region, shared by every handle and in-flight operation.
@@ -171,6 +175,18 @@ impl RegionInner {
     }
     pub(crate) fn access(&self) -> Access {
         self.access
+    }
+    /// The file behind a file region.
+    pub(crate) fn file(&self) -> Option<&FileMap> {
+        match &self.backing {
+            Backing::File(f) => Some(f),
+            _ => None,
+        }
+    }
+    /// True for file pages, which truncation can take away: braid touches them only through
+    /// system calls (see [`crate::mem::file`]).
+    pub(crate) fn is_file(&self) -> bool {
+        matches!(self.backing, Backing::File(_))
     }
     /// Pointer to byte `offset`. The caller has checked `offset <= len`.
     pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
@@ -276,6 +292,19 @@ impl Region {
         Self::allocate(registry, len, access, RegionOptions::default())
     }
 
+    /// Maps and registers a range of a file in `registry` directly, without a
+    /// [`crate::Context`] (see [`crate::Context::register_file`] for the rules): for drivers
+    /// of a bare [`crate::proto::Session`] such as simulations.
+    pub fn register_file_in(
+        registry: &Arc<Registry>,
+        file: impl std::os::fd::AsFd,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<Region, Error> {
+        Self::map_file(registry, file, offset, len, access)
+    }
+
     pub(crate) fn allocate(
         registry: &Arc<Registry>,
         len: usize,
@@ -342,6 +371,34 @@ impl Region {
         }
         registry.charge(len as u64)?;
         Ok(Self::install(registry, ptr, len, access, Backing::Borrowed))
+    }
+
+    /// Maps and registers a range of a file; see [`crate::Context::register_file`].
+    pub(crate) fn map_file(
+        registry: &Arc<Registry>,
+        file: impl std::os::fd::AsFd,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<Region, Error> {
+        if access.contains(Access::REMOTE_ATOMIC) {
+            return Err(Error::InvalidArgument(
+                "REMOTE_ATOMIC is not available on file regions: an atomic is a load and a \
+                 store in user space, which a truncated file page would answer with SIGBUS"
+                    .into(),
+            ));
+        }
+        let writable =
+            access.contains(Access::LOCAL_WRITE) || access.contains(Access::REMOTE_WRITE);
+        let (map, ptr) = crate::mem::file::map_file(file, offset, len, writable)?;
+        registry.charge(len as u64)?;
+        Ok(Self::install(
+            registry,
+            ptr,
+            len,
+            access,
+            Backing::File(map),
+        ))
     }
 
     fn install(
@@ -425,26 +482,54 @@ impl Region {
 
     /// Copies `src` into the region at `offset`. If a peer writes the same bytes at the same
     /// time, the result is some mix of both (as with RDMA hardware).
+    ///
+    /// On a file region the bytes must lie before the file's end ([`Error::PastEndOfFile`]
+    /// otherwise; this call never grows the file), and a page truncated during the copy
+    /// gives the same error instead of a `SIGBUS`.
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), Error> {
         self.check(offset, src.len())?;
+        let dst = self.reg.inner.ptr_at(offset);
+        if let Some(f) = self.reg.inner.file() {
+            self.check_file_end(f, offset, src.len())?;
+            if !write_fragile(dst, src) {
+                return Err(self.past_end(f, offset, src.len()));
+            }
+            return Ok(());
+        }
         // SAFETY: range checked; the region memory is never handed out as a Rust reference.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.reg.inner.ptr_at(offset), src.len())
-        };
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
         Ok(())
     }
 
-    /// Copies bytes at `offset` out into `dst` (see [`Region::write_at`] on concurrency).
+    /// Copies bytes at `offset` out into `dst` (see [`Region::write_at`] on concurrency and
+    /// on file regions).
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), Error> {
         self.check(offset, dst.len())?;
+        let src = self.reg.inner.ptr_at(offset);
+        if let Some(f) = self.reg.inner.file() {
+            self.check_file_end(f, offset, dst.len())?;
+            if read_fragile(src, dst)? < dst.len() {
+                return Err(self.past_end(f, offset, dst.len()));
+            }
+            return Ok(());
+        }
         // SAFETY: as in write_at.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.reg.inner.ptr_at(offset),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn past_end(&self, f: &FileMap, offset: usize, len: usize) -> Error {
+        Error::PastEndOfFile {
+            offset: offset as u64,
+            len: len as u64,
+            readable: f.readable_len().unwrap_or(0),
+        }
+    }
+
+    fn check_file_end(&self, f: &FileMap, offset: usize, len: usize) -> Result<(), Error> {
+        if (offset + len) as u64 > f.readable_len()? {
+            return Err(self.past_end(f, offset, len));
+        }
         Ok(())
     }
 
@@ -458,13 +543,49 @@ impl Region {
     /// Sets `len` bytes at `offset` to `byte`.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), Error> {
         self.check(offset, len)?;
+        if self.is_file() {
+            let block = vec![byte; len.min(64 << 10)];
+            let mut off = 0;
+            while off < len {
+                let n = block.len().min(len - off);
+                self.write_at(offset + off, &block[..n])?;
+                off += n;
+            }
+            return Ok(());
+        }
         // SAFETY: as in write_at.
         unsafe { std::ptr::write_bytes(self.reg.inner.ptr_at(offset), byte, len) };
         Ok(())
     }
 
+    /// True for a file region ([`crate::Context::register_file`]).
+    pub fn is_file(&self) -> bool {
+        self.reg.inner.is_file()
+    }
+
+    /// For a file region: the file offset of the region's byte 0.
+    pub fn file_offset(&self) -> Option<u64> {
+        self.reg.inner.file().map(FileMap::offset)
+    }
+
+    /// For a file region: how many of its bytes (from byte 0) lie before the file's end now,
+    /// at most [`Region::len`]. Peers can reach only these.
+    pub fn file_readable_len(&self) -> Option<Result<u64, Error>> {
+        self.reg.inner.file().map(|f| {
+            f.readable_len()
+                .map(|n| n.min(self.len() as u64))
+                .map_err(Error::Io)
+        })
+    }
+
     /// The aligned 8-byte word at `offset`, as the atomic that remote atomics also operate on.
+    /// Not available on file regions (a truncated page would raise `SIGBUS`).
     pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64, Error> {
+        if self.is_file() {
+            return Err(Error::InvalidArgument(
+                "atomics are not available on file regions".into(),
+            ));
+        }
         self.check(offset, 8)?;
         let p = self.reg.inner.ptr_at(offset);
         if !(p as usize).is_multiple_of(8) {
@@ -482,7 +603,8 @@ impl Region {
     /// The memory may be written by peers at any time (if the region grants remote rights)
     /// and by braid while local operations are in flight. The caller must not create
     /// references that assume exclusive or unchanging contents, and must not use the
-    /// pointer after the last handle is dropped.
+    /// pointer after the last handle is dropped. On a file region, a load or store to a
+    /// page past the file's end (after a truncation) raises `SIGBUS`.
     pub unsafe fn as_mut_ptr(&self) -> *mut u8 {
         self.reg.inner.ptr
     }
@@ -532,6 +654,30 @@ pub struct Sge {
 impl Sge {
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.region.reg.inner.ptr_at(self.offset)
+    }
+}
+
+/// True when any entry names file pages (see [`crate::mem::file`]).
+pub(crate) fn sgl_is_fragile(sgl: &[Sge]) -> bool {
+    sgl.iter().any(|s| s.region.is_file())
+}
+
+/// A remote scatter/gather entry: `len` bytes at `offset` of the peer's region `key`, one
+/// piece of the remote side of [`crate::Endpoint::write_v`] and [`crate::Endpoint::read_v`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteSge {
+    /// The peer's region.
+    pub key: RemoteKey,
+    /// First byte within it.
+    pub offset: u64,
+    /// Number of bytes (at least 1).
+    pub len: u64,
+}
+
+impl RemoteSge {
+    /// `len` bytes at `offset` of the region `key`.
+    pub fn new(key: RemoteKey, offset: u64, len: u64) -> RemoteSge {
+        RemoteSge { key, offset, len }
     }
 }
 

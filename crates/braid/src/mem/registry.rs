@@ -84,7 +84,8 @@ impl Registry {
     }
 
     /// The target-side protection check: key known, rights granted, `[addr, addr+len)`
-    /// inside the region. Returns a pin that keeps the memory in place for the operation.
+    /// inside the region and, for a file region, before the file's end as it is now.
+    /// Returns a pin that keeps the memory in place for the operation.
     pub(crate) fn check(
         &self,
         key: u64,
@@ -92,14 +93,44 @@ impl Registry {
         len: u64,
         need: Access,
     ) -> Result<RegionPin, WireStatus> {
+        self.check_in(key, addr, len, need, &mut FileEnds::default())
+    }
+
+    /// [`Registry::check`] remembering file sizes in `ends`, so that the pieces of one
+    /// vectored request ask for each file's size once.
+    pub(crate) fn check_in(
+        &self,
+        key: u64,
+        addr: u64,
+        len: u64,
+        need: Access,
+        ends: &mut FileEnds,
+    ) -> Result<RegionPin, WireStatus> {
         let pin = self.lookup(key).ok_or(WireStatus::RemoteAccess)?;
         if !pin.access().contains(need) {
             return Err(WireStatus::RemoteAccess);
         }
-        match addr.checked_add(len) {
-            Some(end) if end <= pin.len() as u64 => Ok(pin),
-            _ => Err(WireStatus::RemoteAccess),
+        let end = addr.checked_add(len).ok_or(WireStatus::RemoteAccess)?;
+        if end > pin.len() as u64 {
+            return Err(WireStatus::RemoteAccess);
         }
+        if let Some(f) = pin.file()
+            && len > 0
+        {
+            let readable = match ends.0.iter().find(|e| e.0 == key) {
+                Some(e) => e.1,
+                None => {
+                    // A file whose size cannot be asked for is reachable nowhere.
+                    let r = f.readable_len().unwrap_or(0);
+                    ends.0.push((key, r));
+                    r
+                }
+            };
+            if end > readable {
+                return Err(WireStatus::RemoteAccess);
+            }
+        }
+        Ok(pin)
     }
 
     /// Number of registered regions.
@@ -112,6 +143,11 @@ impl Registry {
         self.len() == 0
     }
 }
+
+/// File sizes looked up during one check, by region key (bytes of the region before the
+/// file's end).
+#[derive(Default)]
+pub(crate) struct FileEnds(Vec<(u64, u64)>);
 
 pub(crate) fn random_u64() -> u64 {
     let mut b = [0u8; 8];

@@ -3,6 +3,7 @@
 
 pub mod rate;
 pub mod session;
+pub(crate) mod spans;
 
 pub use session::{
     Placement, PostError, ProtocolError, Request, RxAction, Session, SessionConfig, Transmit,

@@ -38,10 +38,13 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use crate::error::{Completion, CompletionKind, Status};
-use crate::mem::region::{Access, RegionPin, Sge, sgl_len};
+use crate::mem::file::{copy_maybe_fragile, crc32c_maybe_fragile, read_fragile};
+use crate::mem::region::{Access, RegionPin, RemoteSge, Sge, sgl_is_fragile, sgl_len};
 use crate::mem::registry::Registry;
 use crate::proto::rate::RateEstimator;
-use crate::wire::frame::{FLAG_ACK_REQ, FLAG_EARLY, FLAG_IMM, FLAG_RETX, HEADER_LEN};
+use crate::proto::spans::{Spans, Trailer};
+use crate::wire::frame::{FLAG_ACK_REQ, FLAG_EARLY, FLAG_IMM, FLAG_RETX, FLAG_TRAILER, HEADER_LEN};
+use crate::wire::sgl::{MAX_REMOTE_SGE, WireSge};
 use crate::wire::{FrameHeader, Opcode, WireStatus};
 
 /// Tunables of a session.
@@ -169,6 +172,13 @@ pub enum ProtocolError {
         /// What was sent.
         sent: u64,
     },
+    /// A vectored request whose scatter/gather list disagrees with its header (entry count,
+    /// total length, overflowing range), or a second descriptor for one operation.
+    #[error("malformed scatter/gather list of vectored request {seq}")]
+    BadDescriptor {
+        /// Its sequence number.
+        seq: u64,
+    },
     /// The peer closed the endpoint.
     #[error("the peer closed the endpoint")]
     PeerClosed,
@@ -263,6 +273,20 @@ pub enum Request {
         /// Immediate data.
         imm: Option<u32>,
     },
+    /// Write the local list to the remote pieces, in order (the totals must be equal).
+    WriteV {
+        /// Local source.
+        local: Vec<Sge>,
+        /// Remote destination pieces (1 to 1024).
+        remote: Vec<RemoteSge>,
+    },
+    /// Read the remote pieces, in order, into the local list (the totals must be equal).
+    ReadV {
+        /// Local destination.
+        local: Vec<Sge>,
+        /// Remote source pieces (1 to 1024).
+        remote: Vec<RemoteSge>,
+    },
 }
 
 /// An operation posted here and not yet completed.
@@ -283,6 +307,15 @@ struct OutOp {
     done: Option<(Status, Option<u64>)>,
     /// A write the target may place ahead of its turn (see `SessionConfig::relaxed_placement`).
     early: bool,
+    /// Vectored operations: the encoded remote scatter/gather list (the descriptor payload).
+    desc: Option<Arc<[u8]>>,
+    /// Read: the target serves it from file pages and ends it with a trailing `Done`.
+    expect_trailer: bool,
+    /// Read: the status the trailing `Done` carried.
+    trailer: Option<Status>,
+    /// A failure found on the way (a local file page gone while sending or placing, or a
+    /// response chunk flagged by the target); the completion reports it.
+    fault: Option<Status>,
 }
 
 impl OutOp {
@@ -303,13 +336,14 @@ impl OutOp {
 struct ReqCursor {
     seq: u64,
     next_off: u64,
+    /// Vectored operations: the descriptor frame has been handed out.
+    desc_sent: bool,
 }
 
-/// Transmit cursor over a read response being sent from a pinned region.
+/// Transmit cursor over a read response being sent from pinned regions.
 struct RespCursor {
     seq: u64,
-    pin: RegionPin,
-    addr: u64,
+    src: Arc<Spans>,
     total: u64,
     next_off: u64,
     /// A private copy of the bytes from offset `.1` on, taken when a later request wanted to
@@ -324,8 +358,8 @@ struct RespCursor {
 /// `Session::read_conflict`); it waits only for frames being written.
 struct ReadGuard {
     seq: u64,
-    start: usize,
-    end: usize,
+    /// Address ranges `[start, end)` the read sends from.
+    ranges: Vec<(usize, usize)>,
     /// Frames handed out from the region and not yet reported written.
     frames: u32,
     /// Every chunk has been handed out.
@@ -344,12 +378,13 @@ struct PostedRecv {
 enum Sent {
     /// Request `seq`; for chunks, the bytes `[off, off + len)` of the operation.
     Request { seq: u64, off: u64, len: u64 },
+    /// The descriptor frame of vectored request `seq`.
+    Descriptor { seq: u64 },
     /// A read-response chunk.
     Response {
-        pin: RegionPin,
+        src: Arc<Spans>,
         copy: Option<(Arc<StagingBuf>, u64)>,
         seq: u64,
-        addr: u64,
         total: u64,
         off: u64,
         len: u64,
@@ -400,11 +435,21 @@ struct TargetOp {
     dest: Option<Dest>,
     /// A receive consumed by a send or write-with-immediate.
     recv: Option<PostedRecv>,
+    /// A file page of the destination could not be written (truncated under the operation).
+    faulted: bool,
 }
 
 enum Dest {
-    Region(RegionPin),
+    Region(Arc<Spans>),
     Recv,
+}
+
+/// A vectored request whose descriptor has arrived and waits for its turn to execute.
+struct PendingDesc {
+    h: FrameHeader,
+    entries: Vec<WireSge>,
+    /// Where it arrived (its `Done` goes there, if the rail is still alive).
+    rail: usize,
 }
 
 /// What the payload being read on a rail belongs to.
@@ -427,6 +472,8 @@ enum RxPending {
         seq: u64,
         len: u32,
     },
+    /// The scatter/gather list of a vectored request due now.
+    Descriptor(Staged),
 }
 
 /// Per-rail state.
@@ -454,7 +501,7 @@ struct RailState {
     last_rx: Option<Instant>,
     last_tx: Option<Instant>,
     /// With payload CRCs: the frame whose payload is being placed, and where it goes.
-    crc_check: Option<(FrameHeader, Vec<(usize, usize)>)>,
+    crc_check: Option<CrcCheck>,
     /// Frames sent and not yet acknowledged.
     log: VecDeque<LogEntry>,
     /// For a dead rail: how much of it this side had consumed when it died.
@@ -503,19 +550,40 @@ impl RailState {
     }
 }
 
+/// A payload to check against its header's CRC once placed: the header, the placement
+/// pieces (address, length), and whether they are file pages (read without loads).
+type CrcCheck = (FrameHeader, Vec<(usize, usize)>, bool);
+
 /// Memory the driver must keep alive while it writes a frame's payload.
 #[derive(Clone)]
 #[allow(dead_code)] // held only for its Drop
 enum Keep {
     Regions(Vec<Sge>),
     Pin(RegionPin),
+    Spans(Arc<Spans>),
     Staging(Arc<StagingBuf>),
+    Bytes(Arc<[u8]>),
+}
+
+impl Keep {
+    /// The memory is file pages, which only system calls may touch.
+    fn fragile(&self) -> bool {
+        match self {
+            Keep::Regions(sgl) => sgl_is_fragile(sgl),
+            Keep::Pin(pin) => pin.is_file(),
+            Keep::Spans(s) => s.fragile(),
+            Keep::Staging(_) | Keep::Bytes(_) => false,
+        }
+    }
 }
 
 /// Heap memory for a staged payload, written through raw pointers by the driver.
 struct StagingBuf {
     ptr: *mut u8,
     len: usize,
+    /// A copy of file pages that could not all be read (truncated): the bytes are not what
+    /// the operation saw, and the frames sent from it say so.
+    faulted: bool,
 }
 
 // SAFETY: plain heap memory; access goes through raw pointers under the session's protocol.
@@ -530,6 +598,20 @@ impl StagingBuf {
         Arc::new(StagingBuf {
             ptr: Box::into_raw(b).cast(),
             len,
+            faulted: false,
+        })
+    }
+
+    /// A copy of the bytes `[off, off + len)` of `src`; `faulted` when file pages were gone.
+    fn copy_of(src: &Spans, off: u64, len: u64) -> Arc<StagingBuf> {
+        let mut b = vec![0u8; len as usize].into_boxed_slice();
+        // SAFETY: the buffer has `len` bytes and is not part of any region.
+        let ok = unsafe { src.copy_out(off, len, b.as_mut_ptr()) };
+        let len = b.len();
+        Arc::new(StagingBuf {
+            ptr: Box::into_raw(b).cast(),
+            len,
+            faulted: !ok,
         })
     }
 
@@ -554,8 +636,9 @@ pub struct Transmit {
     pub header: [u8; HEADER_LEN],
     /// Payload pieces, in order, as (pointer, length).
     pub payload: Vec<(*const u8, usize)>,
-    /// For a read-response chunk sent straight from the target's region: a token the driver
-    /// hands back to [`Session::transmitted`] once the frame is completely written.
+    /// For a read-response chunk the session tracks (sent straight from the target's region,
+    /// or of a read served from file pages): a token the driver hands back to
+    /// [`Session::transmitted`] once the frame is completely written.
     pub read_response: Option<u64>,
     _keep: Option<Keep>,
 }
@@ -580,6 +663,10 @@ impl Transmit {
 pub struct Placement {
     /// Destination pieces, as (pointer, length).
     pub iov: Vec<(*mut u8, usize)>,
+    /// The pieces are file pages, which a truncation can take away: the driver must not
+    /// store into them from user space (a `SIGBUS`), only with system calls, and reports a
+    /// failed one ( `EFAULT`) with [`Session::payload_fault`].
+    pub fragile: bool,
 }
 
 // SAFETY: the pointers refer to registered memory pinned by the session.
@@ -617,9 +704,12 @@ pub struct Session {
     rx_retry: u64,
     failed: Option<Status>,
     reads_active: Vec<ReadGuard>,
-    /// Read-response frames handed out from the region and not yet reported written:
-    /// (token given to the driver, read, rail).
-    tx_frames: Vec<(u64, u64, usize)>,
+    /// Read-response frames handed to the driver and not yet reported written.
+    tx_frames: Vec<TxFrame>,
+    /// Reads served from file pages whose trailing `Done` has not been queued yet.
+    trailers: Vec<Trailer>,
+    /// A vectored request's descriptor, waiting for its turn.
+    desc: Option<PendingDesc>,
     next_token: u64,
     /// Frames of dead rails to send again.
     retx: VecDeque<LogEntry>,
@@ -635,6 +725,19 @@ pub struct Session {
     retx_seen: HashSet<(usize, u64)>,
     /// Rails that died and whose sockets the driver must close (a bit per rail).
     dead_pending: u64,
+}
+
+/// A read-response frame the driver is writing.
+struct TxFrame {
+    /// Token given to the driver.
+    token: u64,
+    /// The read.
+    seq: u64,
+    rail: usize,
+    /// Sent from the region itself (holds the read's guard).
+    guard: bool,
+    /// Counts for the read's trailer.
+    trailer: bool,
 }
 
 /// Most writes placed ahead of their turn at once, and how far ahead of the next request to
@@ -658,10 +761,9 @@ type Frame = (
 );
 
 fn response_frame(
-    pin: &RegionPin,
+    src: &Arc<Spans>,
     copy: &Option<(Arc<StagingBuf>, u64)>,
     seq: u64,
-    addr: u64,
     total: u64,
     off: u64,
     len: u64,
@@ -671,8 +773,15 @@ fn response_frame(
     h.arg0 = total;
     h.arg1 = off;
     h.payload_len = len as u32;
+    if src.fragile() {
+        h.flags |= FLAG_TRAILER;
+    }
     match copy {
         Some((buf, base)) if off >= *base => {
+            if buf.faulted {
+                // Known before the header goes: the chunk itself says the read failed.
+                h.aux = WireStatus::RemoteAccess as u32;
+            }
             // SAFETY: off - base + len <= buf.len: the copy covers [base, total).
             let ptr = unsafe { buf.ptr.add((off - base) as usize) } as *const u8;
             (
@@ -682,8 +791,12 @@ fn response_frame(
             )
         }
         _ => {
-            let ptr = pin.ptr_at((addr + off) as usize) as *const u8;
-            (h, vec![(ptr, len as usize)], Some(Keep::Pin(pin.clone())))
+            let pieces = src
+                .pieces(off, len)
+                .into_iter()
+                .map(|(p, l)| (p as *const u8, l))
+                .collect();
+            (h, pieces, Some(Keep::Spans(src.clone())))
         }
     }
 }
@@ -698,6 +811,68 @@ fn unlog_response(guards: &mut Vec<ReadGuard>, seq: u64) {
             guards.swap_remove(i);
         }
     }
+}
+
+/// The checks of a vectored post: 1 to [`MAX_REMOTE_SGE`] remote pieces of at least one
+/// byte each, none overflowing, totalling the local list's length.
+fn check_vectored(local: &[Sge], remote: &[RemoteSge]) -> Result<(), PostError> {
+    if remote.is_empty() || remote.len() > MAX_REMOTE_SGE {
+        return Err(PostError::Invalid(format!(
+            "a vectored operation takes 1 to {MAX_REMOTE_SGE} remote pieces, got {}",
+            remote.len()
+        )));
+    }
+    let mut total = 0u64;
+    for (i, r) in remote.iter().enumerate() {
+        if r.len == 0 || r.offset.checked_add(r.len).is_none() {
+            return Err(PostError::Invalid(format!(
+                "remote piece {i} is empty or its range overflows"
+            )));
+        }
+        total = total
+            .checked_add(r.len)
+            .ok_or_else(|| PostError::Invalid("remote pieces overflow".into()))?;
+    }
+    if total != sgl_len(local) {
+        return Err(PostError::Invalid(format!(
+            "remote pieces total {total} bytes, local ones {}",
+            sgl_len(local)
+        )));
+    }
+    Ok(())
+}
+
+fn encode_remote(remote: &[RemoteSge]) -> Arc<[u8]> {
+    let entries: Vec<WireSge> = remote
+        .iter()
+        .map(|r| WireSge {
+            rkey: r.key.key,
+            addr: r.offset,
+            len: r.len,
+        })
+        .collect();
+    crate::wire::sgl::encode(&entries).into()
+}
+
+fn wire_status(st: WireStatus) -> Status {
+    match st {
+        WireStatus::Ok => Status::Success,
+        WireStatus::RemoteAccess => Status::RemoteAccessError,
+        WireStatus::RemoteInvalidRequest => Status::RemoteInvalidRequest,
+    }
+}
+
+/// The scatter/gather list of a descriptor whose payload has arrived.
+fn parse_descriptor(st: Staged, rail: usize) -> Result<PendingDesc, ProtocolError> {
+    // SAFETY: the payload is complete; nothing writes the buffer any more.
+    let data = unsafe { st.data.bytes() };
+    let entries = crate::wire::sgl::decode(data, st.h.arg1, st.h.arg0)
+        .ok_or(ProtocolError::BadDescriptor { seq: st.h.seq })?;
+    Ok(PendingDesc {
+        h: st.h,
+        entries,
+        rail,
+    })
 }
 
 fn sgl_pieces<T>(
@@ -757,6 +932,8 @@ impl Session {
             failed: None,
             reads_active: Vec::new(),
             tx_frames: Vec::new(),
+            trailers: Vec::new(),
+            desc: None,
             next_token: 0,
             retx: VecDeque::new(),
             recovering: false,
@@ -834,6 +1011,29 @@ impl Session {
             received: 0,
             done: None,
             early: false,
+            desc: None,
+            expect_trailer: false,
+            trailer: None,
+            fault: None,
+        };
+        if let Request::WriteV { local, remote } | Request::ReadV { local, remote } = &req {
+            check_vectored(local, remote)?;
+        }
+        // One remote piece needs no scatter/gather list: the plain operation is cheaper and
+        // may be placed early.
+        let req = match req {
+            Request::WriteV { local, remote } if remote.len() == 1 => Request::Write {
+                local,
+                rkey: remote[0].key.key,
+                addr: remote[0].offset,
+                imm: None,
+            },
+            Request::ReadV { local, remote } if remote.len() == 1 => Request::Read {
+                local,
+                rkey: remote[0].key.key,
+                addr: remote[0].offset,
+            },
+            r => r,
         };
         match req {
             Request::Write {
@@ -883,6 +1083,23 @@ impl Session {
                 (op.kind, op.opcode, op.local, op.imm) =
                     (CompletionKind::Send, Opcode::Send, local, imm);
             }
+            Request::WriteV { local, remote } => {
+                op.total = sgl_len(&local);
+                (op.opcode, op.local, op.arg0) = (Opcode::WriteV, local, op.total);
+                (op.arg1, op.desc) = (remote.len() as u64, Some(encode_remote(&remote)));
+            }
+            Request::ReadV { local, remote } => {
+                if local
+                    .iter()
+                    .any(|s| !s.region.access().contains(Access::LOCAL_WRITE))
+                {
+                    return Err(PostError::MissingRight("LOCAL_WRITE"));
+                }
+                op.total = sgl_len(&local);
+                (op.kind, op.opcode, op.local, op.arg0) =
+                    (CompletionKind::Read, Opcode::ReadV, local, op.total);
+                (op.arg1, op.desc) = (remote.len() as u64, Some(encode_remote(&remote)));
+            }
         }
         if matches!(op.opcode, Opcode::FetchAdd | Opcode::CompareSwap) && !op.addr.is_multiple_of(8)
         {
@@ -907,7 +1124,11 @@ impl Session {
         }
         self.next_seq += 1;
         self.ops.push_back(op);
-        self.tx_req.push_back(ReqCursor { seq, next_off: 0 });
+        self.tx_req.push_back(ReqCursor {
+            seq,
+            next_off: 0,
+            desc_sent: false,
+        });
         Ok(seq)
     }
 
@@ -1018,7 +1239,9 @@ impl Session {
             return None;
         }
         let mut orig = None;
-        let (mut hdr, payload, keep, logged) = if let Some(h) = self.rails[rail].ctrl.pop_front() {
+        let (mut hdr, mut payload, mut keep, logged) = if let Some(h) =
+            self.rails[rail].ctrl.pop_front()
+        {
             let logged = matches!(h.opcode, Opcode::Done | Opcode::AtomicResponse)
                 .then_some(Sent::Control(h));
             (h, Vec::new(), None, logged)
@@ -1038,10 +1261,36 @@ impl Session {
         } else {
             return None;
         };
+        // A response sent straight from the region (its read's guard counted it).
+        let from_region = hdr.opcode == Opcode::ReadResponse
+            && orig.is_none()
+            && matches!(keep, Some(Keep::Spans(_)));
         if self.cfg.payload_crc && !payload.is_empty() {
+            if keep.as_ref().is_some_and(Keep::fragile) {
+                // A CRC reads the bytes in user space, which file pages do not allow; and a
+                // truncation between the CRC and the send would send zeros under the CRC of
+                // the real bytes. So the bytes are taken once, by a system call, into a
+                // private copy that is both summed and sent.
+                let total: usize = payload.iter().map(|p| p.1).sum();
+                let buf = StagingBuf::new(total);
+                let mut at = 0;
+                let mut ok = true;
+                for &(p, l) in &payload {
+                    // SAFETY: the buffer has `total` bytes, of which these `l` are free.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(buf.ptr.add(at), l) };
+                    ok &= read_fragile(p, dst).is_ok_and(|n| n == l);
+                    at += l;
+                }
+                if !ok {
+                    self.note_tx_fault(&mut hdr, true);
+                }
+                payload = vec![(buf.ptr as *const u8, total)];
+                keep = Some(Keep::Staging(buf));
+            }
             let mut crc = 0;
             for &(p, l) in &payload {
-                // SAFETY: the pieces point into registered memory kept alive by `keep`.
+                // SAFETY: the pieces point into memory kept alive by `keep` (never file
+                // pages: those were copied just above).
                 crc = crc32c::crc32c_append(crc, unsafe { std::slice::from_raw_parts(p, l) });
             }
             hdr.crc = crc;
@@ -1081,13 +1330,19 @@ impl Session {
         if hdr.opcode.is_chunk() {
             r.data_sent += hdr.payload_len as u64;
         }
-        let read_response = (hdr.opcode == Opcode::ReadResponse
+        let trailer = hdr.opcode == Opcode::ReadResponse
             && orig.is_none()
-            && matches!(keep, Some(Keep::Pin(_))))
-        .then(|| {
+            && self.trailers.iter().any(|t| t.seq == hdr.seq);
+        let read_response = (from_region || trailer).then(|| {
             let token = self.next_token;
             self.next_token += 1;
-            self.tx_frames.push((token, hdr.seq, rail));
+            self.tx_frames.push(TxFrame {
+                token,
+                seq: hdr.seq,
+                rail,
+                guard: from_region,
+                trailer,
+            });
             token
         });
         Some(Transmit {
@@ -1100,15 +1355,45 @@ impl Session {
 
     fn next_request_frame(&mut self, max_len: u64) -> Frame {
         let cur = self.tx_req.front_mut().expect("checked non-empty");
-        let (seq, off) = (cur.seq, cur.next_off);
+        let (seq, off, desc_sent) = (cur.seq, cur.next_off, cur.desc_sent);
         let i = (seq - self.ops.front().expect("op of cursor").seq) as usize;
+        let (opcode, total) = (self.ops[i].opcode, self.ops[i].total);
+        if opcode.is_descriptor() && !desc_sent {
+            let (h, payload, keep) = self.descriptor_frame(i);
+            let cur = self.tx_req.front_mut().expect("checked non-empty");
+            cur.desc_sent = true;
+            if opcode == Opcode::ReadV || total == 0 {
+                self.tx_req.pop_front();
+            }
+            return (h, payload, keep, Some(Sent::Descriptor { seq }));
+        }
         let (h, payload, keep, len) = self.request_frame(i, off, max_len);
         let cur = self.tx_req.front_mut().expect("checked non-empty");
         cur.next_off += len;
-        if !self.ops[i].opcode.is_chunk() || cur.next_off >= self.ops[i].total {
+        let chunked = opcode.is_chunk() || opcode == Opcode::WriteV;
+        if !chunked || cur.next_off >= total {
             self.tx_req.pop_front();
         }
         (h, payload, keep, Some(Sent::Request { seq, off, len }))
+    }
+
+    /// The first frame of vectored operation `ops[i]`: its remote scatter/gather list.
+    fn descriptor_frame(&self, i: usize) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>) {
+        let op = &self.ops[i];
+        let desc = op
+            .desc
+            .clone()
+            .expect("vectored operations carry a descriptor");
+        let mut h = FrameHeader::new(op.opcode);
+        h.seq = op.seq;
+        h.arg0 = op.total;
+        h.arg1 = op.arg1;
+        h.payload_len = desc.len() as u32;
+        (
+            h,
+            vec![(desc.as_ptr(), desc.len())],
+            Some(Keep::Bytes(desc)),
+        )
     }
 
     /// The frame of operation `ops[i]` starting at byte `off`, and its payload length.
@@ -1119,17 +1404,24 @@ impl Session {
         max_len: u64,
     ) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>, u64) {
         let op = &self.ops[i];
-        let mut h = FrameHeader::new(op.opcode);
+        // A vectored write's data chunks name no region: the descriptor did.
+        let opcode = match op.opcode {
+            Opcode::WriteV => Opcode::WriteVData,
+            o => o,
+        };
+        let mut h = FrameHeader::new(opcode);
         h.seq = op.seq;
-        h.rkey = op.rkey;
-        h.addr = op.addr;
+        if opcode != Opcode::WriteVData {
+            h.rkey = op.rkey;
+            h.addr = op.addr;
+        }
         h.arg0 = op.arg0;
         h.arg1 = op.arg1;
         if let Some(imm) = op.imm {
             h.flags |= FLAG_IMM;
             h.aux = imm;
         }
-        if !op.opcode.is_chunk() {
+        if !opcode.is_chunk() {
             return (h, Vec::new(), None, 0);
         }
         let len = (op.total - off).min(max_len);
@@ -1168,41 +1460,41 @@ impl Session {
                         }),
                     )
                 }
+                Sent::Descriptor { seq } => {
+                    let Some(i) = self.op_index(*seq) else {
+                        continue;
+                    };
+                    if self.ops[i].done.is_some() {
+                        continue;
+                    }
+                    let (h, payload, keep) = self.descriptor_frame(i);
+                    (h, payload, keep, Some(Sent::Descriptor { seq: *seq }))
+                }
                 Sent::Response {
-                    pin,
+                    src,
                     copy,
                     seq,
-                    addr,
                     total,
                     off,
                     len,
                 } => {
                     // Resent from a private copy of the bytes the read saw: taken now if no
                     // request has modified them yet (else `read_conflict` took it then).
+                    // Taken before the header is built, so a copy of file pages that were
+                    // truncated meanwhile is flagged in the frame itself.
                     let copy = match copy {
                         Some(c) => Some(c.clone()),
                         None => {
-                            let buf = StagingBuf::new(*len as usize);
-                            // SAFETY: inside the pinned region (checked when the read
-                            // executed); the destination is the new buffer of `len` bytes.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    pin.ptr_at((*addr + *off) as usize),
-                                    buf.ptr,
-                                    *len as usize,
-                                )
-                            };
+                            let buf = StagingBuf::copy_of(src, *off, *len);
                             unlog_response(&mut self.reads_active, *seq);
                             Some((buf, *off))
                         }
                     };
-                    let (h, payload, keep) =
-                        response_frame(pin, &copy, *seq, *addr, *total, *off, *len);
+                    let (h, payload, keep) = response_frame(src, &copy, *seq, *total, *off, *len);
                     let logged = Sent::Response {
-                        pin: pin.clone(),
+                        src: src.clone(),
                         copy: copy.clone(),
                         seq: *seq,
-                        addr: *addr,
                         total: *total,
                         off: *off,
                         len: *len,
@@ -1219,21 +1511,13 @@ impl Session {
     fn next_response_chunk(&mut self, max_len: u64) -> Frame {
         let cur = self.tx_resp.front_mut().expect("checked non-empty");
         let len = (cur.total - cur.next_off).min(max_len);
-        let (h, payload, keep) = response_frame(
-            &cur.pin,
-            &cur.copy,
-            cur.seq,
-            cur.addr,
-            cur.total,
-            cur.next_off,
-            len,
-        );
-        let from_region = cur.copy.is_none();
+        let (h, payload, keep) =
+            response_frame(&cur.src, &cur.copy, cur.seq, cur.total, cur.next_off, len);
+        let from_region = !matches!(&cur.copy, Some((_, base)) if cur.next_off >= *base);
         let logged = Sent::Response {
-            pin: cur.pin.clone(),
+            src: cur.src.clone(),
             copy: cur.copy.clone(),
             seq: cur.seq,
-            addr: cur.addr,
             total: cur.total,
             off: cur.next_off,
             len,
@@ -1249,21 +1533,88 @@ impl Session {
             g.logged += from_region as u32;
             g.assigned |= finished;
         }
+        if let Some(t) = self.trailers.iter_mut().find(|t| t.seq == seq) {
+            t.frames += 1;
+            t.assigned |= finished;
+        }
         (h, payload, keep, Some(logged))
     }
 
     /// Reports that the read-response frame given `token` (its [`Transmit::read_response`])
     /// has been completely written.
     pub fn transmitted(&mut self, token: u64) {
-        let Some(i) = self.tx_frames.iter().position(|f| f.0 == token) else {
+        let Some(i) = self.tx_frames.iter().position(|f| f.token == token) else {
             // Its rail died meanwhile (or the session failed): already accounted.
             return;
         };
-        let (_, seq, _) = self.tx_frames.swap_remove(i);
-        if self.frame_written(seq) {
+        let f = self.tx_frames.swap_remove(i);
+        self.tx_frame_gone(&f);
+        if f.guard && self.frame_written(f.seq) {
             // A request (maybe a staged one) may have waited for this frame.
             self.retry_stalled();
             self.run_due();
+        }
+    }
+
+    /// A tracked response frame is written (or its rail died): a read served from file
+    /// pages sends its trailing `Done` once all of its frames are.
+    fn tx_frame_gone(&mut self, f: &TxFrame) {
+        if !f.trailer {
+            return;
+        }
+        let Some(i) = self.trailers.iter().position(|t| t.seq == f.seq) else {
+            return;
+        };
+        let t = &mut self.trailers[i];
+        t.frames = t.frames.saturating_sub(1);
+        if t.frames > 0 || !t.assigned {
+            return;
+        }
+        let t = self.trailers.swap_remove(i);
+        let rail = if self.rails[f.rail].alive {
+            Some(f.rail)
+        } else {
+            self.rails.iter().position(|r| r.alive)
+        };
+        if let Some(rail) = rail {
+            let mut d = FrameHeader::new(Opcode::Done);
+            d.seq = t.seq;
+            d.aux = t.status as u32;
+            d.flags = FLAG_TRAILER;
+            self.rails[rail].ctrl.push_back(d);
+        }
+    }
+
+    /// A frame's payload could not all be read from local file pages (truncated), found
+    /// before its header was sent (`before`, so the header can still say so) or after.
+    fn note_tx_fault(&mut self, h: &mut FrameHeader, before: bool) {
+        match h.opcode {
+            Opcode::ReadResponse => {
+                if before {
+                    h.aux = WireStatus::RemoteAccess as u32;
+                }
+                if let Some(t) = self.trailers.iter_mut().find(|t| t.seq == h.seq) {
+                    t.status = WireStatus::RemoteAccess;
+                }
+            }
+            Opcode::Write | Opcode::WriteVData | Opcode::Send => {
+                if let Some(i) = self.op_index(h.seq) {
+                    self.ops[i].fault = Some(Status::LocalAccessError);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The driver could not send the payload of the frame with this header from file pages
+    /// (`EFAULT`: the file was truncated under it) and pads the rest of it with zeros. The
+    /// operation fails: a write or send completes with [`Status::LocalAccessError`], a read
+    /// served from here gets a remote access error through its trailing `Done`.
+    pub fn transmit_faulted(&mut self, header: &[u8; HEADER_LEN]) {
+        if let Ok(mut h) = FrameHeader::decode(header) {
+            tracing::debug!(endpoint = self.endpoint_id, opcode = ?h.opcode, seq = h.seq,
+                "file pages gone under a frame being sent; padded");
+            self.note_tx_fault(&mut h, false);
         }
     }
 
@@ -1290,10 +1641,9 @@ impl Session {
         let logs = self.rails.iter_mut().flat_map(|r| r.log.iter_mut());
         for e in logs.chain(self.retx.iter_mut()) {
             let Sent::Response {
-                pin,
+                src,
                 copy: copy @ None,
                 seq: s,
-                addr,
                 off,
                 len,
                 ..
@@ -1301,17 +1651,12 @@ impl Session {
             else {
                 continue;
             };
-            let src = pin.ptr_at((*addr + *off) as usize);
-            let len = *len as usize;
-            if *s != seq || !((src as usize) < end && start < src as usize + len) {
+            if *s != seq || !src.overlaps(*off, *len, start, end) {
                 continue;
             }
-            let buf = StagingBuf::new(len);
-            // SAFETY: the source is inside the pinned region (checked when the read executed)
-            // and unchanged since (every overlapping request comes here first); the
-            // destination is the new buffer of exactly `len` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(src, buf.ptr, len) };
-            *copy = Some((buf, *off));
+            // The source is unchanged since the read executed (every overlapping request
+            // comes here first).
+            *copy = Some((StagingBuf::copy_of(src, *off, *len), *off));
             n += 1;
         }
         n
@@ -1322,39 +1667,40 @@ impl Session {
     /// of the logged frames a retransmission would send, so the request can go ahead; it
     /// waits (true) only for frames already handed to the driver, which need no
     /// acknowledgement to finish.
-    fn read_conflict(&mut self, start: usize, end: usize) -> bool {
+    fn read_conflict(&mut self, ranges: &[(usize, usize)]) -> bool {
         let mut wait = false;
         let mut i = 0;
         while i < self.reads_active.len() {
-            let (seq, g_start, g_end, assigned, logged) = {
+            let (seq, assigned, logged) = {
                 let g = &self.reads_active[i];
-                (g.seq, g.start, g.end, g.assigned, g.logged)
+                (g.seq, g.assigned, g.logged)
             };
-            if !(start < g_end && g_start < end) {
+            let hit = ranges.iter().copied().find(|&(start, end)| {
+                self.reads_active[i]
+                    .ranges
+                    .iter()
+                    .any(|&(gs, ge)| start < ge && gs < end)
+            });
+            let Some((start, end)) = hit else {
                 i += 1;
                 continue;
-            }
+            };
             if !assigned
                 && let Some(c) = self
                     .tx_resp
                     .iter_mut()
                     .find(|c| c.seq == seq && c.copy.is_none())
             {
-                let len = (c.total - c.next_off) as usize;
-                let buf = StagingBuf::new(len);
-                // SAFETY: the source is inside the pinned region (checked when the read
-                // executed), the destination is the new buffer of exactly `len` bytes.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        c.pin.ptr_at((c.addr + c.next_off) as usize),
-                        buf.ptr,
-                        len,
-                    )
-                };
+                let buf = StagingBuf::copy_of(&c.src, c.next_off, c.total - c.next_off);
                 c.copy = Some((buf, c.next_off));
             }
             if logged > 0 {
-                let n = self.copy_logged_responses(seq, start, end);
+                let mut n = self.copy_logged_responses(seq, start, end);
+                for &(s2, e2) in ranges {
+                    if (s2, e2) != (start, end) {
+                        n += self.copy_logged_responses(seq, s2, e2);
+                    }
+                }
                 self.reads_active[i].logged -= n;
             }
             let g = &mut self.reads_active[i];
@@ -1370,6 +1716,13 @@ impl Session {
     }
 
     fn complete_out(&mut self, i: usize, status: Status, value: Option<u64>) {
+        // A failure found on the way wins over a remote success; a local file fault over
+        // anything the peer said.
+        let status = match self.ops[i].fault {
+            Some(Status::LocalAccessError) => Status::LocalAccessError,
+            Some(f) if status.is_ok() => f,
+            _ => status,
+        };
         self.ops[i].done = Some((status, value));
         while self.ops.front().is_some_and(|o| o.done.is_some()) {
             let op = self.ops.pop_front().expect("front exists");
@@ -1485,7 +1838,7 @@ impl Session {
                 .iter()
                 .map(|&(ptr, len)| (ptr as usize, len))
                 .collect();
-            self.rails[rail].crc_check = Some((*h, pieces));
+            self.rails[rail].crc_check = Some((*h, pieces, p.fragile));
         }
         if matches!(action, RxAction::Stall) {
             self.rails[rail].stalled = true;
@@ -1543,20 +1896,8 @@ impl Session {
             });
         }
         if h.seq > self.frontier {
-            if self.recovering && self.staged_bytes + h.payload_len as u64 <= self.cfg.max_staged {
-                let data = StagingBuf::new(h.payload_len as usize);
-                if h.payload_len == 0 {
-                    self.staged
-                        .entry(h.seq)
-                        .or_default()
-                        .push_back(Staged { h: *h, data });
-                    return Ok(RxAction::Done);
-                }
-                self.staged_bytes += h.payload_len as u64;
-                let iov = vec![(data.ptr, data.len)];
-                self.rails[rail].rx_keep = Some(Keep::Staging(data.clone()));
-                self.rails[rail].rx_pending = Some(RxPending::Staged(Staged { h: *h, data }));
-                return Ok(RxAction::Place(Placement { iov }));
+            if let Some(action) = self.stage_incoming(rail, h) {
+                return Ok(action);
             }
             if !self.recovering
                 && h.flags & FLAG_EARLY != 0
@@ -1574,34 +1915,31 @@ impl Session {
         let imm = (h.flags & FLAG_IMM != 0).then_some(h.aux);
         match h.opcode {
             Opcode::ReadRequest => {
-                match self
+                let src = self
                     .registry
                     .check(h.rkey, h.addr, h.arg0, Access::REMOTE_READ)
-                {
-                    Ok(pin) if h.arg0 > 0 => {
-                        let start = pin.ptr_at(h.addr as usize) as usize;
-                        self.reads_active.push(ReadGuard {
-                            seq: h.seq,
-                            start,
-                            end: start + h.arg0 as usize,
-                            frames: 0,
-                            assigned: false,
-                            logged: 0,
-                        });
-                        self.tx_resp.push_back(RespCursor {
-                            seq: h.seq,
-                            pin,
-                            addr: h.addr,
-                            total: h.arg0,
-                            next_off: 0,
-                            copy: None,
-                        })
-                    }
-                    Ok(_) => self.queue_done(rail, h.seq, WireStatus::Ok),
-                    Err(st) => self.queue_done(rail, h.seq, st),
-                }
+                    .map(|pin| Spans::single(pin, h.addr, h.arg0));
+                self.start_read(rail, h.seq, src);
                 self.advance_frontier();
                 return Ok(RxAction::Done);
+            }
+            Opcode::WriteV | Opcode::ReadV => {
+                // The list is read into a buffer; the operation executes once it is there
+                // (`exec_descriptor`).
+                let pending_here = self.rails.iter().any(|r| {
+                    matches!(&r.rx_pending, Some(RxPending::Descriptor(st)) if st.h.seq == h.seq)
+                });
+                if self.cur.is_some() || self.desc.is_some() || pending_here {
+                    return Err(ProtocolError::BadDescriptor { seq: h.seq });
+                }
+                let data = StagingBuf::new(h.payload_len as usize);
+                let iov = vec![(data.ptr, data.len)];
+                self.rails[rail].rx_keep = Some(Keep::Staging(data.clone()));
+                self.rails[rail].rx_pending = Some(RxPending::Descriptor(Staged { h: *h, data }));
+                return Ok(RxAction::Place(Placement {
+                    iov,
+                    fragile: false,
+                }));
             }
             Opcode::FetchAdd | Opcode::CompareSwap => {
                 let mut resp = FrameHeader::new(Opcode::AtomicResponse);
@@ -1612,7 +1950,7 @@ impl Session {
                 {
                     Ok(pin) => {
                         let p = pin.ptr_at(h.addr as usize);
-                        if self.read_conflict(p as usize, p as usize + 8) {
+                        if self.read_conflict(&[(p as usize, p as usize + 8)]) {
                             return Ok(RxAction::Stall);
                         }
                         if !(p as usize).is_multiple_of(8) {
@@ -1648,6 +1986,14 @@ impl Session {
             }
             self.start_early(h.seq);
         }
+        if self.cur.is_none() && h.opcode == Opcode::WriteVData {
+            // Its descriptor has not arrived, or waits (see `exec_descriptor`). After a rail
+            // loss the descriptor may be resent behind this very chunk: copy it aside.
+            if let Some(action) = self.stage_incoming(rail, h) {
+                return Ok(action);
+            }
+            return Ok(RxAction::Stall);
+        }
         if self.cur.is_none() {
             let needs_recv = h.opcode == Opcode::Send || imm.is_some();
             if needs_recv && self.recvs.is_empty() {
@@ -1665,6 +2011,7 @@ impl Session {
                 status: WireStatus::Ok,
                 dest: None,
                 recv: None,
+                faulted: false,
             };
             if h.opcode == Opcode::Write {
                 match self
@@ -1672,11 +2019,11 @@ impl Session {
                     .check(h.rkey, h.addr, h.arg0, Access::REMOTE_WRITE)
                 {
                     Ok(pin) => {
-                        let start = pin.ptr_at(h.addr as usize) as usize;
-                        if self.read_conflict(start, start + h.arg0 as usize) {
+                        let dest = Spans::single(pin, h.addr, h.arg0);
+                        if self.read_conflict(&dest.ranges()) {
                             return Ok(RxAction::Stall);
                         }
-                        op.dest = Some(Dest::Region(pin))
+                        op.dest = Some(Dest::Region(dest))
                     }
                     Err(st) => op.status = st,
                 }
@@ -1727,17 +2074,19 @@ impl Session {
         let off = h.arg1;
         let len = h.payload_len as u64;
         let (action, keep) = match &op.dest {
-            Some(Dest::Region(pin)) => (
+            Some(Dest::Region(dest)) => (
                 RxAction::Place(Placement {
-                    iov: vec![(pin.ptr_at((op.addr + off) as usize), len as usize)],
+                    iov: dest.pieces(off, len),
+                    fragile: dest.fragile(),
                 }),
-                Some(Keep::Pin(pin.clone())),
+                Some(Keep::Spans(dest.clone())),
             ),
             Some(Dest::Recv) => {
                 let local = &op.recv.as_ref().expect("recv of a send").local;
                 (
                     RxAction::Place(Placement {
                         iov: sgl_pieces(local, off, len, |p, l| (p, l)),
+                        fragile: sgl_is_fragile(local),
                     }),
                     Some(Keep::Regions(local.clone())),
                 )
@@ -1746,6 +2095,27 @@ impl Session {
         };
         self.rails[rail].rx_keep = keep;
         Ok(action)
+    }
+
+    /// After a rail loss, a request that cannot execute yet is copied aside (within
+    /// `max_staged`) instead of stalling its rail, which may carry what it waits for.
+    fn stage_incoming(&mut self, rail: usize, h: &FrameHeader) -> Option<RxAction> {
+        if !self.recovering || self.staged_bytes + h.payload_len as u64 > self.cfg.max_staged {
+            return None;
+        }
+        let data = StagingBuf::new(h.payload_len as usize);
+        if h.payload_len == 0 {
+            self.stage(Staged { h: *h, data });
+            return Some(RxAction::Done);
+        }
+        self.staged_bytes += h.payload_len as u64;
+        let iov = vec![(data.ptr, data.len)];
+        self.rails[rail].rx_keep = Some(Keep::Staging(data.clone()));
+        self.rails[rail].rx_pending = Some(RxPending::Staged(Staged { h: *h, data }));
+        Some(RxAction::Place(Placement {
+            iov,
+            fragile: false,
+        }))
     }
 
     /// A write chunk the initiator allows ahead of its turn: checked as its execution will
@@ -1801,14 +2171,18 @@ impl Session {
             Some((start, pin)) => {
                 // Bytes an executed read still sends from are copied aside first (or, while
                 // a response frame is being written from them, the rail waits).
-                if self.read_conflict(start, start + h.arg0 as usize) {
+                if self.read_conflict(&[(start, start + h.arg0 as usize)]) {
                     return Ok(RxAction::Stall);
                 }
                 let iov = vec![(
                     pin.ptr_at((h.addr + h.arg1) as usize),
                     h.payload_len as usize,
                 )];
-                (RxAction::Place(Placement { iov }), Some(Keep::Pin(pin)))
+                let fragile = pin.is_file();
+                (
+                    RxAction::Place(Placement { iov, fragile }),
+                    Some(Keep::Pin(pin)),
+                )
             }
             None => (RxAction::Discard, None),
         };
@@ -1840,8 +2214,11 @@ impl Session {
             imm: e.imm,
             received: e.received,
             status: e.status,
-            dest: e.pin.map(Dest::Region),
+            dest: e
+                .pin
+                .map(|pin| Dest::Region(Spans::single(pin, e.addr, e.total))),
             recv,
+            faulted: false,
         });
     }
 
@@ -1869,16 +2246,114 @@ impl Session {
         }
     }
 
-    /// Executes what became due: writes placed ahead, and requests staged after a rail loss.
+    /// Executes what became due: writes placed ahead, vectored requests whose descriptor
+    /// arrived, and requests staged after a rail loss.
     fn run_due(&mut self) {
         loop {
-            let before = self.frontier;
+            let before = (self.frontier, self.cur.is_some(), self.desc.is_some());
             self.apply_early();
+            self.exec_descriptor();
             self.apply_staged();
-            if self.frontier == before {
+            if (self.frontier, self.cur.is_some(), self.desc.is_some()) == before {
                 return;
             }
         }
+    }
+
+    /// Starts read `seq` from the checked source (or answers its failed check): response
+    /// chunks from memory, plus a trailing `Done` when the source is file pages.
+    fn start_read(&mut self, rail: usize, seq: u64, src: Result<Arc<Spans>, WireStatus>) {
+        match src {
+            Ok(src) if src.total() > 0 => {
+                self.reads_active.push(ReadGuard {
+                    seq,
+                    ranges: src.ranges(),
+                    frames: 0,
+                    assigned: false,
+                    logged: 0,
+                });
+                if src.fragile() {
+                    self.trailers.push(Trailer {
+                        seq,
+                        frames: 0,
+                        assigned: false,
+                        status: WireStatus::Ok,
+                    });
+                }
+                self.tx_resp.push_back(RespCursor {
+                    seq,
+                    total: src.total(),
+                    src,
+                    next_off: 0,
+                    copy: None,
+                })
+            }
+            Ok(_) => self.queue_done(rail, seq, WireStatus::Ok),
+            Err(st) => self.queue_done(rail, seq, st),
+        }
+    }
+
+    /// Executes the vectored request whose scatter/gather list has arrived, when its turn
+    /// has come: every piece is checked before any byte moves (one failed check fails the
+    /// whole operation, and its data is discarded).
+    fn exec_descriptor(&mut self) {
+        let Some(d) = &self.desc else {
+            return;
+        };
+        if self.failed.is_some() || self.cur.is_some() || d.h.seq != self.frontier {
+            return;
+        }
+        let rail = if self.rails[d.rail].alive {
+            d.rail
+        } else {
+            match self.rails.iter().position(|r| r.alive) {
+                Some(r) => r,
+                None => return,
+            }
+        };
+        let h = d.h;
+        let need = if h.opcode == Opcode::ReadV {
+            Access::REMOTE_READ
+        } else {
+            Access::REMOTE_WRITE
+        };
+        let checked = Spans::check(&self.registry, &d.entries, need);
+        if h.opcode == Opcode::ReadV {
+            self.desc = None;
+            self.start_read(rail, h.seq, checked);
+            self.advance_frontier();
+            return;
+        }
+        let (status, dest) = match checked {
+            Ok(dest) => {
+                if self.read_conflict(&dest.ranges()) {
+                    // A response frame is being written from these bytes: `transmitted`
+                    // brings us back here.
+                    return;
+                }
+                (WireStatus::Ok, Some(Dest::Region(dest)))
+            }
+            Err(st) => (st, None),
+        };
+        self.desc = None;
+        self.cur = Some(TargetOp {
+            seq: h.seq,
+            opcode: Opcode::WriteVData,
+            rkey: 0,
+            addr: 0,
+            total: h.arg0,
+            imm: None,
+            received: 0,
+            status,
+            dest,
+            recv: None,
+            faulted: false,
+        });
+        if h.arg0 == 0 {
+            self.finish_target_op(rail);
+        }
+        // Data chunks that arrived first are waiting.
+        self.retry_stalled();
     }
 
     /// Payload bytes the rails are still placing, of the pending payloads `of` selects.
@@ -1916,6 +2391,7 @@ impl Session {
             let (kind, status, byte_len) = match (op.opcode, op.status) {
                 (Opcode::Write, _) => (CompletionKind::RecvWriteImm, Status::Success, op.total),
                 (_, WireStatus::Ok) => (CompletionKind::Recv, Status::Success, op.total),
+                _ if op.faulted => (CompletionKind::Recv, Status::LocalAccessError, 0),
                 _ => (CompletionKind::Recv, Status::LocalLengthError, 0),
             };
             // A write-with-immediate that failed its access check consumes no receive.
@@ -1966,26 +2442,40 @@ impl Session {
             }
             Opcode::Done | Opcode::AtomicResponse => {
                 let st = WireStatus::from_u32(h.aux).ok_or(ProtocolError::BadStatus(h.aux))?;
+                let status = wire_status(st);
                 let i = self.op_index(h.seq).ok_or_else(unknown)?;
                 let op = &self.ops[i];
+                let is_read = matches!(op.opcode, Opcode::ReadRequest | Opcode::ReadV);
+                if h.opcode == Opcode::Done && h.flags & FLAG_TRAILER != 0 {
+                    // The status of a read served from file pages, sent once all of its
+                    // response bytes were: it completes when they are placed.
+                    if !is_read || op.done.is_some() || op.trailer.is_some() || op.total == 0 {
+                        return Err(unknown());
+                    }
+                    let op = &mut self.ops[i];
+                    op.trailer = Some(status);
+                    op.expect_trailer = true;
+                    if op.received == op.total {
+                        self.complete_out(i, status, None);
+                    }
+                    return Ok(RxAction::Done);
+                }
                 let fits = match h.opcode {
                     Opcode::Done => matches!(
                         op.opcode,
-                        Opcode::Write | Opcode::Send | Opcode::ReadRequest
+                        Opcode::Write
+                            | Opcode::Send
+                            | Opcode::ReadRequest
+                            | Opcode::WriteV
+                            | Opcode::ReadV
                     ),
                     _ => matches!(op.opcode, Opcode::FetchAdd | Opcode::CompareSwap),
                 };
                 // A successful Done for a read is only valid for a zero-length read.
-                let read_ok =
-                    op.opcode != Opcode::ReadRequest || st != WireStatus::Ok || op.total == 0;
-                if !fits || op.done.is_some() || !read_ok || op.received > 0 {
+                let read_ok = !is_read || st != WireStatus::Ok || op.total == 0;
+                if !fits || op.done.is_some() || !read_ok || op.received > 0 || op.expect_trailer {
                     return Err(unknown());
                 }
-                let status = match st {
-                    WireStatus::Ok => Status::Success,
-                    WireStatus::RemoteAccess => Status::RemoteAccessError,
-                    WireStatus::RemoteInvalidRequest => Status::RemoteInvalidRequest,
-                };
                 let value =
                     (h.opcode == Opcode::AtomicResponse && status.is_ok()).then_some(h.arg0);
                 self.complete_out(i, status, value);
@@ -1994,9 +2484,18 @@ impl Session {
             Opcode::ReadResponse => {
                 let i = self.op_index(h.seq).ok_or_else(unknown)?;
                 let op = &self.ops[i];
-                if op.opcode != Opcode::ReadRequest || op.done.is_some() || h.arg0 != op.total {
+                let is_read = matches!(op.opcode, Opcode::ReadRequest | Opcode::ReadV);
+                if !is_read || op.done.is_some() || h.arg0 != op.total {
                     return Err(unknown());
                 }
+                // A chunk resent from a copy of file pages that were gone says so itself.
+                let st = WireStatus::from_u32(h.aux).ok_or(ProtocolError::BadStatus(h.aux))?;
+                let op = &mut self.ops[i];
+                if st != WireStatus::Ok && op.fault.is_none() {
+                    op.fault = Some(wire_status(st));
+                }
+                op.expect_trailer |= h.flags & FLAG_TRAILER != 0;
+                let op = &self.ops[i];
                 // Count payloads of this read other rails are still placing (see on_request).
                 let placing = self.placing(|p| match *p {
                     RxPending::ReadResponse { seq, len } if seq == h.seq => Some(len),
@@ -2018,6 +2517,7 @@ impl Session {
                 self.rails[rail].rx_keep = Some(Keep::Regions(op.local.clone()));
                 Ok(RxAction::Place(Placement {
                     iov: sgl_pieces(&op.local, h.arg1, h.payload_len as u64, |p, l| (p, l)),
+                    fragile: sgl_is_fragile(&op.local),
                 }))
             }
             _ => Err(unknown()),
@@ -2042,7 +2542,7 @@ impl Session {
                 | RxPending::ReadResponse { len, .. }
                 | RxPending::Dropped { len }
                 | RxPending::Early { len, .. } => *len as u64,
-                RxPending::Staged(st) => st.data.len as u64,
+                RxPending::Staged(st) | RxPending::Descriptor(st) => st.data.len as u64,
             };
             // Count the payload first, so that the acknowledgement covers it.
             self.rails[rail].rx_bytes += len;
@@ -2054,22 +2554,28 @@ impl Session {
             // Another copy of it may be waiting (see on_frame): it is now a duplicate.
             self.retry_stalled();
         }
-        if let Some((h, pieces)) = self.rails[rail].crc_check.take() {
-            let mut got = 0;
+        if let Some((h, pieces, fragile)) = self.rails[rail].crc_check.take() {
+            let mut got = Some(0);
             for (ptr, len) in pieces {
                 // SAFETY: the pieces are the placement this session handed out; their memory
                 // is pinned by the operation still in progress.
-                got = crc32c::crc32c_append(got, unsafe {
-                    std::slice::from_raw_parts(ptr as *const u8, len)
+                got = got.and_then(|c| unsafe {
+                    crc32c_maybe_fragile(c, ptr as *const u8, len, fragile)
                 });
             }
-            if got != h.crc {
-                return Err(ProtocolError::Corrupt {
-                    opcode: h.opcode,
-                    seq: h.seq,
-                    sent: h.crc,
-                    got,
-                });
+            match got {
+                // File pages gone since they were placed: the operation fails as if the
+                // placement had faulted.
+                None => self.fault_pending(rail, &p),
+                Some(got) if got != h.crc => {
+                    return Err(ProtocolError::Corrupt {
+                        opcode: h.opcode,
+                        seq: h.seq,
+                        sent: h.crc,
+                        got,
+                    });
+                }
+                Some(_) => {}
             }
         }
         match p {
@@ -2108,7 +2614,14 @@ impl Session {
             RxPending::Dropped { len } => self.consumed(rail, len as u64),
             RxPending::Staged(st) => {
                 self.consumed(rail, st.data.len as u64);
-                self.staged.entry(st.h.seq).or_default().push_back(st);
+                self.stage(st);
+            }
+            RxPending::Descriptor(st) => {
+                self.consumed(rail, st.data.len as u64);
+                if self.failed.is_some() {
+                    return Ok(());
+                }
+                self.desc = Some(parse_descriptor(st, rail)?);
             }
             RxPending::ReadResponse { seq, len } => {
                 self.consumed(rail, len as u64);
@@ -2116,15 +2629,85 @@ impl Session {
                     return Ok(());
                 }
                 if let Some(i) = self.op_index(seq) {
-                    self.ops[i].received += len as u64;
-                    if self.ops[i].received == self.ops[i].total {
-                        self.complete_out(i, Status::Success, None);
+                    let op = &mut self.ops[i];
+                    op.received += len as u64;
+                    // A read served from file pages also waits for its trailing status.
+                    if op.received == op.total && (!op.expect_trailer || op.trailer.is_some()) {
+                        let status = op.trailer.unwrap_or(Status::Success);
+                        self.complete_out(i, status, None);
                     }
                 }
             }
         }
         self.run_due();
         Ok(())
+    }
+
+    /// The driver could not place the payload of the last frame offered on `rail`: its
+    /// destination is file pages that a truncation took away (`EFAULT`). It reads and drops
+    /// the rest of the payload and then calls [`Session::payload_done`] as usual. The
+    /// operation fails: a write or send here answers [`WireStatus::RemoteAccess`] (bytes
+    /// before the fault may have been placed), a read posted here completes with
+    /// [`Status::LocalAccessError`].
+    pub fn payload_fault(&mut self, rail: usize) {
+        let r = &mut self.rails[rail];
+        r.crc_check = None;
+        let Some(p) = r.rx_pending.take() else {
+            return;
+        };
+        self.fault_pending(rail, &p);
+        self.rails[rail].rx_pending = Some(p);
+    }
+
+    fn fault_pending(&mut self, _rail: usize, p: &RxPending) {
+        if self.failed.is_some() {
+            return;
+        }
+        match *p {
+            RxPending::Request { .. } => self.fault_target_op(),
+            RxPending::Early { seq, .. } => {
+                if self.cur.as_ref().is_some_and(|op| op.seq == seq) {
+                    self.fault_target_op();
+                } else if let Some(e) = self.early.get_mut(&seq) {
+                    e.status = WireStatus::RemoteAccess;
+                    e.pin = None;
+                }
+            }
+            RxPending::ReadResponse { seq, .. } => {
+                if let Some(i) = self.op_index(seq) {
+                    self.ops[i].fault = Some(Status::LocalAccessError);
+                }
+            }
+            RxPending::Staged(_) | RxPending::Dropped { .. } | RxPending::Descriptor(_) => {}
+        }
+    }
+
+    /// The operation in execution lost destination pages: it fails, the rest of its data
+    /// is discarded.
+    fn fault_target_op(&mut self) {
+        if let Some(op) = self.cur.as_mut() {
+            tracing::debug!(
+                endpoint = self.endpoint_id,
+                seq = op.seq,
+                "file pages gone under an incoming payload"
+            );
+            op.faulted = true;
+            op.dest = None;
+            if op.status == WireStatus::Ok {
+                op.status = WireStatus::RemoteAccess;
+            }
+        }
+    }
+
+    /// Keeps a request that arrived ahead of its turn; a descriptor goes before the data
+    /// chunks of its operation (they cannot execute without it).
+    fn stage(&mut self, st: Staged) {
+        let list = self.staged.entry(st.h.seq).or_default();
+        if st.h.opcode.is_descriptor() {
+            list.push_front(st);
+        } else {
+            list.push_back(st);
+        }
     }
 
     /// Executes staged requests whose turn has come.
@@ -2140,6 +2723,28 @@ impl Session {
             let Some(rail) = self.rails.iter().position(|r| r.alive) else {
                 return;
             };
+            if st.h.opcode.is_descriptor() {
+                // Its list is all there: it executes as one that just arrived.
+                self.staged_bytes -= st.data.len as u64;
+                if self.cur.is_some() || self.desc.is_some() {
+                    tracing::warn!(endpoint = self.endpoint_id, "second descriptor staged");
+                    self.fail(Status::TransportError);
+                    return;
+                }
+                match parse_descriptor(st, rail) {
+                    Ok(d) => self.desc = Some(d),
+                    Err(e) => {
+                        tracing::warn!(endpoint = self.endpoint_id, "staged request refused: {e}");
+                        self.fail(Status::TransportError);
+                    }
+                }
+                return;
+            }
+            if st.h.opcode == Opcode::WriteVData && self.cur.is_none() {
+                // Its descriptor has not executed yet; that brings us back here.
+                self.staged.entry(st.h.seq).or_default().push_front(st);
+                return;
+            }
             // Run the request as if it had just arrived, without disturbing the rail's own
             // payload in progress.
             let saved = self.rails[rail].rx_pending.take();
@@ -2160,11 +2765,17 @@ impl Session {
                     // SAFETY: the staged payload is complete (no write in progress).
                     let data = unsafe { st.data.bytes() };
                     let mut off = 0;
+                    let mut ok = true;
                     for &(ptr, len) in &p.iov {
-                        // SAFETY: the placement is pinned memory of the operation; `data`
-                        // holds exactly the payload.
-                        unsafe { std::ptr::copy_nonoverlapping(data[off..].as_ptr(), ptr, len) };
+                        // SAFETY: the placement is pinned memory of the operation (file pages
+                        // are written with a system call); `data` holds exactly the payload.
+                        ok &= unsafe {
+                            copy_maybe_fragile(data[off..].as_ptr(), ptr, len, p.fragile)
+                        };
                         off += len;
+                    }
+                    if !ok {
+                        self.fault_target_op();
                     }
                 }
                 Ok(_) => {}
@@ -2305,9 +2916,12 @@ impl Session {
         heir_ctrl.push_front(down);
         // A response frame the driver was writing on the dead rail no longer matters (its log
         // entry is resent from a copy); requests waiting for it may go ahead.
-        while let Some(i) = self.tx_frames.iter().position(|f| f.2 == rail) {
-            let (_, seq, _) = self.tx_frames.swap_remove(i);
-            self.frame_written(seq);
+        while let Some(i) = self.tx_frames.iter().position(|f| f.rail == rail) {
+            let f = self.tx_frames.swap_remove(i);
+            self.tx_frame_gone(&f);
+            if f.guard {
+                self.frame_written(f.seq);
+            }
         }
         self.retry_stalled();
     }
@@ -2372,6 +2986,8 @@ impl Session {
         self.tx_resp.clear();
         self.reads_active.clear();
         self.tx_frames.clear();
+        self.trailers.clear();
+        self.desc = None;
         self.retx.clear();
         self.staged.clear();
         self.staged_bytes = 0;

@@ -7,7 +7,7 @@
 use thiserror::Error;
 
 /// Protocol version carried in every frame header and in the rail handshake.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// Size of the fixed frame header in bytes.
 pub const HEADER_LEN: usize = 64;
@@ -31,6 +31,16 @@ pub enum Opcode {
     FetchAdd = 4,
     /// Atomic compare (`arg0`) and swap (`arg1`) on the aligned 8-byte word at `rkey`/`addr`.
     CompareSwap = 5,
+    /// First frame of a vectored write: the payload is the remote scatter/gather list
+    /// ([`crate::wire::sgl`]) of `arg1` entries and `arg0` bytes; the data follows in
+    /// [`Opcode::WriteVData`] chunks.
+    WriteV = 6,
+    /// A vectored read of `arg0` bytes: the payload is the remote scatter/gather list of
+    /// `arg1` entries; answered by [`Opcode::ReadResponse`] chunks as a read is.
+    ReadV = 7,
+    /// One chunk of a vectored write's data: bytes `[arg1, arg1 + payload_len)` of the
+    /// operation's `arg0` bytes, placed through its scatter/gather list.
+    WriteVData = 8,
     /// One chunk of the data answering a read request.
     ReadResponse = 16,
     /// Result of an atomic: the word's original value in `arg0`, status in `aux`.
@@ -56,6 +66,9 @@ impl Opcode {
             3 => Opcode::ReadRequest,
             4 => Opcode::FetchAdd,
             5 => Opcode::CompareSwap,
+            6 => Opcode::WriteV,
+            7 => Opcode::ReadV,
+            8 => Opcode::WriteVData,
             16 => Opcode::ReadResponse,
             17 => Opcode::AtomicResponse,
             18 => Opcode::Done,
@@ -76,13 +89,25 @@ impl Opcode {
                 | Opcode::ReadRequest
                 | Opcode::FetchAdd
                 | Opcode::CompareSwap
+                | Opcode::WriteV
+                | Opcode::ReadV
+                | Opcode::WriteVData
         )
+    }
+
+    /// True for the first frame of a vectored operation, whose payload is its remote
+    /// scatter/gather list.
+    pub fn is_descriptor(self) -> bool {
+        matches!(self, Opcode::WriteV | Opcode::ReadV)
     }
 
     /// True for the chunked data-carrying kinds (the payload belongs to an operation of
     /// `arg0` bytes and starts at offset `arg1` within it).
     pub fn is_chunk(self) -> bool {
-        matches!(self, Opcode::Write | Opcode::Send | Opcode::ReadResponse)
+        matches!(
+            self,
+            Opcode::Write | Opcode::Send | Opcode::ReadResponse | Opcode::WriteVData
+        )
     }
 }
 
@@ -100,8 +125,14 @@ pub const FLAG_ACK_REQ: u16 = 1 << 2;
 /// touches the same memory; see `SessionConfig::relaxed_placement`). Only placement moves
 /// ahead: the write still completes in order.
 pub const FLAG_EARLY: u16 = 1 << 3;
+/// Header flag of a read served from file pages (which truncation can take away under the
+/// transfer, after its headers promised the bytes): on `ReadResponse` chunks, "the read's
+/// status follows in a `Done`; complete only with it"; on that `Done`, "every response
+/// byte has been sent; complete once they are placed".
+pub const FLAG_TRAILER: u16 = 1 << 4;
 /// All flags this version defines; any other bit set is malformed.
-pub const KNOWN_FLAGS: u16 = FLAG_IMM | FLAG_RETX | FLAG_ACK_REQ | FLAG_EARLY | RETX_RAIL_MASK;
+pub const KNOWN_FLAGS: u16 =
+    FLAG_IMM | FLAG_RETX | FLAG_ACK_REQ | FLAG_EARLY | FLAG_TRAILER | RETX_RAIL_MASK;
 
 /// A decoded, validated frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +196,9 @@ pub enum FrameError {
     /// `addr + length` overflows.
     #[error("address range overflows")]
     AddressOverflow,
+    /// A vectored request's entry count, payload length or unused fields are wrong.
+    #[error("malformed vectored request: {0}")]
+    Descriptor(&'static str),
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -239,8 +273,21 @@ impl FrameHeader {
                     total: self.arg0,
                 });
             }
+        } else if self.opcode.is_descriptor() {
+            let max = crate::wire::sgl::MAX_REMOTE_SGE as u64;
+            if self.arg1 == 0 || self.arg1 > max {
+                return Err(FrameError::Descriptor("entry count outside 1..=1024"));
+            }
+            if self.payload_len as u64 != self.arg1 * crate::wire::sgl::SGE_LEN as u64 {
+                return Err(FrameError::Descriptor("payload is not 24 bytes per entry"));
+            }
         } else if self.payload_len != 0 {
             return Err(FrameError::UnexpectedPayload(self.opcode, self.payload_len));
+        }
+        if (self.opcode.is_descriptor() || self.opcode == Opcode::WriteVData)
+            && (self.rkey != 0 || self.addr != 0)
+        {
+            return Err(FrameError::Descriptor("rkey and addr must be 0"));
         }
         let span = match self.opcode {
             Opcode::Write | Opcode::Send | Opcode::ReadRequest => self.arg0,
@@ -284,7 +331,8 @@ impl FrameHeader {
 pub enum WireStatus {
     /// The operation took effect.
     Ok = 0,
-    /// Unknown key, missing right, or range outside the region.
+    /// Unknown key, missing right, range outside the region or past a file region's end,
+    /// or file pages truncated under the operation.
     RemoteAccess = 1,
     /// The request cannot be carried out (misaligned atomic, send longer than the posted buffer).
     RemoteInvalidRequest = 2,
@@ -337,11 +385,32 @@ mod tests {
             Err(FrameError::Truncated(10))
         );
         let mut b = good;
-        b[0] = 2;
-        assert_eq!(FrameHeader::decode(&b), Err(FrameError::Version(2)));
+        b[0] = 1;
+        assert_eq!(FrameHeader::decode(&b), Err(FrameError::Version(1)));
         let mut b = good;
         b[1] = 99;
         assert_eq!(FrameHeader::decode(&b), Err(FrameError::Opcode(99)));
+        let mut h = FrameHeader::new(Opcode::ReadV);
+        h.arg1 = 2;
+        h.payload_len = 48;
+        assert!(FrameHeader::decode(&h.encode()).is_ok());
+        h.payload_len = 47;
+        assert!(matches!(
+            FrameHeader::decode(&h.encode()),
+            Err(FrameError::Descriptor(_))
+        ));
+        h.payload_len = 48;
+        h.rkey = 1;
+        assert!(matches!(
+            FrameHeader::decode(&h.encode()),
+            Err(FrameError::Descriptor(_))
+        ));
+        let mut h = FrameHeader::new(Opcode::WriteV);
+        h.arg1 = 0;
+        assert!(matches!(
+            FrameHeader::decode(&h.encode()),
+            Err(FrameError::Descriptor(_))
+        ));
         let mut b = good;
         b[2] = 0x80;
         assert!(matches!(FrameHeader::decode(&b), Err(FrameError::Flags(_))));

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod tmpfile;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 

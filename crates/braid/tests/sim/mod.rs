@@ -383,12 +383,34 @@ pub struct Side {
     pub captured: Vec<(usize, Vec<u8>)>,
     /// Number of `Stall` answers.
     pub stalls: u64,
+    /// Address ranges of file regions: frames sent from them may get an injected fault
+    /// (see [`SimOptions::fault_rate`]).
+    pub fragile: Vec<(usize, usize)>,
+    /// Faults injected at this side: the header of the frame whose payload could not be
+    /// sent (`tx`) or placed (`!tx`).
+    pub faults: Vec<(bool, FrameHeader)>,
 }
 
 impl Side {
     /// Allocates a region registered in this side's registry.
     pub fn alloc(&self, len: usize, access: Access) -> Region {
         Region::allocate_in(&self.registry, len, access).expect("region allocation")
+    }
+
+    /// Registers `len` bytes of `file` in this side's registry; its pages count as fragile
+    /// (faults may be injected on them).
+    pub fn alloc_file(&mut self, file: &std::fs::File, len: usize, access: Access) -> Region {
+        let r = Region::register_file_in(&self.registry, file, 0, len, access)
+            .expect("file registration");
+        // SAFETY: only the address is taken.
+        let start = unsafe { r.as_mut_ptr() } as usize;
+        self.fragile.push((start, start + len));
+        r
+    }
+
+    fn is_fragile(&self, p: *const u8, len: usize) -> bool {
+        let (a, b) = (p as usize, p as usize + len);
+        self.fragile.iter().any(|&(s, e)| a < e && s < b)
     }
 
     /// Pulls every waiting completion out of the session.
@@ -426,6 +448,11 @@ pub struct SimOptions {
     pub sndbuf: usize,
     /// Virtual time each random step advances, at most.
     pub max_step: Duration,
+    /// Chance that a frame whose payload is file pages (of [`Side::alloc_file`] regions,
+    /// or a fragile placement) meets a truncated page, as the engine sees it: the sender
+    /// pads the payload with zeros from a random point on and calls `transmit_faulted`;
+    /// the receiver calls `payload_fault` and drops the payload from a random point on.
+    pub fault_rate: f64,
 }
 
 impl Default for SimOptions {
@@ -435,6 +462,7 @@ impl Default for SimOptions {
             max_read: 256 << 10,
             sndbuf: 4 << 20,
             max_step: Duration::from_micros(20),
+            fault_rate: 0.0,
         }
     }
 }
@@ -475,6 +503,8 @@ fn new_side(cfg: SessionConfig, rails: usize, id: u64) -> Side {
         decode_errors: Vec::new(),
         captured: Vec::new(),
         stalls: 0,
+        fragile: Vec::new(),
+        faults: Vec::new(),
     }
 }
 
@@ -590,6 +620,19 @@ impl Sim {
         for &(p, l) in &t.payload {
             // SAFETY: the Transmit keeps the registered memory behind its pointers alive.
             bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(p, l) });
+        }
+        let fragile = t
+            .payload
+            .iter()
+            .any(|&(p, l)| self.sides[s].is_fragile(p, l));
+        if fragile && self.opts.fault_rate > 0.0 && self.rng.chance(self.opts.fault_rate) {
+            // A truncated page under the payload: zeros from there on, and the session
+            // is told before the frame counts as written.
+            let cut = self.rng.urange(HEADER_LEN, bytes.len() - 1);
+            bytes[cut..].fill(0);
+            self.sides[s].session.transmit_faulted(&t.header);
+            let h = FrameHeader::decode(&t.header).expect("own header");
+            self.sides[s].faults.push((true, h));
         }
         let read_response = t.read_response;
         drop(t);
@@ -834,7 +877,26 @@ impl Sim {
                     "seed {}: placement of {total} bytes for a payload of {len}",
                     self.seed
                 );
-                let iov: Vec<_> = pl.iov.into_iter().filter(|p| p.1 > 0).collect();
+                let mut iov: Vec<_> = pl.iov.into_iter().filter(|p| p.1 > 0).collect();
+                if pl.fragile && self.opts.fault_rate > 0.0 && self.rng.chance(self.opts.fault_rate)
+                {
+                    // A truncated page in the destination: bytes before it are placed, the
+                    // rest is read and dropped.
+                    let mut cut = self.rng.urange(0, len - 1);
+                    let mut kept = Vec::new();
+                    for (p, l) in iov {
+                        if cut == 0 {
+                            break;
+                        }
+                        kept.push((p, l.min(cut)));
+                        cut -= l.min(cut);
+                    }
+                    let placed: usize = kept.iter().map(|p| p.1).sum();
+                    kept.push((std::ptr::null_mut(), len - placed));
+                    iov = kept;
+                    self.sides[s].session.payload_fault(rail);
+                    self.sides[s].faults.push((false, hdr));
+                }
                 self.sides[s].rx[rail] = Rx::Payload {
                     iov,
                     idx: 0,

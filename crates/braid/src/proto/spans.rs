@@ -1,0 +1,151 @@
+//! Target-side memory of an operation as a list of pieces of registered regions: one piece
+//! for `Write`/`ReadRequest`, up to [`crate::wire::sgl::MAX_REMOTE_SGE`] for the vectored
+//! `WriteV`/`ReadV`. The operation's bytes are the pieces' bytes in order; a chunk at offset
+//! `off` of the operation maps to memory through [`Spans::pieces`].
+
+use std::sync::Arc;
+
+use crate::mem::file::{copy_maybe_fragile, read_fragile};
+use crate::mem::region::{Access, RegionPin};
+use crate::mem::registry::{FileEnds, Registry};
+use crate::wire::WireStatus;
+use crate::wire::sgl::WireSge;
+
+/// One piece: `len` bytes at `addr` of a pinned region.
+pub(crate) struct Span {
+    pin: RegionPin,
+    addr: u64,
+    len: u64,
+}
+
+/// The pieces of one operation at the target, checked and pinned.
+pub(crate) struct Spans {
+    list: Vec<Span>,
+    total: u64,
+    /// Some piece is file pages, which only system calls may touch.
+    fragile: bool,
+}
+
+impl Spans {
+    /// One piece (the caller checked it).
+    pub(crate) fn single(pin: RegionPin, addr: u64, len: u64) -> Arc<Spans> {
+        let fragile = pin.is_file();
+        Arc::new(Spans {
+            list: vec![Span { pin, addr, len }],
+            total: len,
+            fragile,
+        })
+    }
+
+    /// Checks every entry (key, rights, range, file end) before any byte moves; the first
+    /// failure fails the whole operation.
+    pub(crate) fn check(
+        registry: &Registry,
+        entries: &[WireSge],
+        need: Access,
+    ) -> Result<Arc<Spans>, WireStatus> {
+        let mut ends = FileEnds::default();
+        let mut list = Vec::with_capacity(entries.len());
+        let (mut total, mut fragile) = (0, false);
+        for e in entries {
+            let pin = registry.check_in(e.rkey, e.addr, e.len, need, &mut ends)?;
+            fragile |= pin.is_file();
+            total += e.len;
+            if e.len > 0 {
+                list.push(Span {
+                    pin,
+                    addr: e.addr,
+                    len: e.len,
+                });
+            }
+        }
+        Ok(Arc::new(Spans {
+            list,
+            total,
+            fragile,
+        }))
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.total
+    }
+
+    pub(crate) fn fragile(&self) -> bool {
+        self.fragile
+    }
+
+    /// Memory of the operation's bytes `[off, off + len)`, in order.
+    pub(crate) fn pieces(&self, mut off: u64, mut len: u64) -> Vec<(*mut u8, usize)> {
+        let mut out = Vec::new();
+        for s in &self.list {
+            if len == 0 {
+                break;
+            }
+            if off >= s.len {
+                off -= s.len;
+                continue;
+            }
+            let take = (s.len - off).min(len);
+            out.push((s.pin.ptr_at((s.addr + off) as usize), take as usize));
+            len -= take;
+            off = 0;
+        }
+        out
+    }
+
+    /// The address ranges `[start, end)` of every piece (to find overlapping operations).
+    pub(crate) fn ranges(&self) -> Vec<(usize, usize)> {
+        self.list
+            .iter()
+            .map(|s| {
+                let start = s.pin.ptr_at(s.addr as usize) as usize;
+                (start, start + s.len as usize)
+            })
+            .collect()
+    }
+
+    /// True when the operation's bytes `[off, off + len)` overlap `[start, end)`.
+    pub(crate) fn overlaps(&self, off: u64, len: u64, start: usize, end: usize) -> bool {
+        self.pieces(off, len)
+            .iter()
+            .any(|&(p, l)| (p as usize) < end && start < p as usize + l)
+    }
+
+    /// Copies the operation's bytes `[off, off + len)` into `dst`; false when a file page
+    /// could not be read (truncated), in which case the rest of `dst` is unspecified.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes and not overlap the pieces.
+    pub(crate) unsafe fn copy_out(&self, off: u64, len: u64, dst: *mut u8) -> bool {
+        let mut at = 0;
+        for (p, l) in self.pieces(off, len) {
+            // SAFETY: the piece is pinned registered memory; dst has room for `len` bytes.
+            let d = unsafe { dst.add(at) };
+            let ok = if self.fragile {
+                // SAFETY: d is valid for l bytes (caller's contract).
+                read_fragile(p, unsafe { std::slice::from_raw_parts_mut(d, l) })
+                    .is_ok_and(|n| n == l)
+            } else {
+                // SAFETY: as above; the pieces are plain memory.
+                unsafe { copy_maybe_fragile(p, d, l, false) }
+            };
+            if !ok {
+                return false;
+            }
+            at += l;
+        }
+        true
+    }
+}
+
+/// A read served from file pages: its status goes to the initiator in a trailing `Done`
+/// (flag `TRAILER`) once every response frame has been written, because a frame whose
+/// header promised bytes that truncation then took away is padded with zeros.
+pub(crate) struct Trailer {
+    pub(crate) seq: u64,
+    /// Response frames handed to the driver and not yet reported written.
+    pub(crate) frames: u32,
+    /// Every chunk has been handed out.
+    pub(crate) assigned: bool,
+    pub(crate) status: WireStatus,
+}
