@@ -239,7 +239,10 @@ fn validate(a: &FsBenchArgs) -> Result<()> {
     if !(a.op_seconds > 0.0 && a.op_seconds <= 600.0) {
         bail!("--op-seconds must be in (0, 600]");
     }
-    if a.lib_buffer < 1 << 20 || a.lib_buffer > 4 << 30 || a.lib_buffer % workload::BLOCK != 0 {
+    if a.lib_buffer < 1 << 20
+        || a.lib_buffer > 4 << 30
+        || !a.lib_buffer.is_multiple_of(workload::BLOCK)
+    {
         bail!("--lib-buffer must be 1 MiB .. 4 GiB, a multiple of 4 KiB");
     }
     if a.rand_ops == 0 || a.meta_files == 0 {

@@ -67,6 +67,9 @@ pub struct SuiteRun {
     pub messages: BTreeMap<String, String>,
     /// What pjdfstest printed.
     pub output: String,
+    /// Whether it reached its summary (a run that dies half-way, e.g. when the mount goes
+    /// away, reports only the tests before).
+    pub complete: bool,
 }
 
 impl SuiteRun {
@@ -187,13 +190,25 @@ pub fn run_suite(
         .spawn()
         .with_context(|| format!("starting {}", pjdfstest.display()))?;
     let r = procs::wait_child(child, limit, "pjdfstest")?;
-    let run = parse_output(&r.stdout);
-    if !r.stdout.contains("Summary:") || run.results.is_empty() {
+    let mut run = parse_output(&r.stdout);
+    run.complete = r.stdout.contains("Summary:");
+    if run.results.is_empty() {
         bail!(
-            "pjdfstest in {} ended without a summary: {}{}",
+            "pjdfstest in {} ran no test: {}{}",
             dir.display(),
             r.stdout.chars().take(2000).collect::<String>(),
             r.stderr.chars().take(2000).collect::<String>()
+        );
+    }
+    if !run.complete {
+        let tail: String = {
+            let s = r.stdout.trim_end();
+            s[s.len().saturating_sub(1500)..].to_string()
+        };
+        eprintln!(
+            "posix-suite: pjdfstest in {} ended without its summary ({}); its last words: {tail}",
+            dir.display(),
+            if r.success { "exit 0" } else { "failed" }
         );
     }
     Ok(run)
@@ -277,12 +292,15 @@ pub struct Verdict {
     pub skipped_only_here: Vec<String>,
     /// Failures of the passthrough.
     pub passthrough_failed: Vec<String>,
+    /// Tests the passthrough ran that the run on the mount under test never reached (it
+    /// ended early): these fail the run too.
+    pub not_run: Vec<String>,
 }
 
 impl Verdict {
     /// Whether the suite passes: no unexplained failure.
     pub fn ok(&self) -> bool {
-        self.unexplained.is_empty()
+        self.unexplained.is_empty() && self.not_run.is_empty()
     }
 
     /// A readable report.
@@ -317,13 +335,21 @@ impl Verdict {
         for (n, m) in &self.unexplained {
             let _ = writeln!(s, "  UNEXPLAINED: {n}: {m}");
         }
+        if !self.not_run.is_empty() {
+            let _ = writeln!(
+                s,
+                "  NOT RUN ({}, the suite ended early): {}",
+                self.not_run.len(),
+                self.not_run.join(" ")
+            );
+        }
         let _ = writeln!(
             s,
             "verdict: {}",
             if self.ok() {
                 "ok (every failure fails on the passthrough too or is listed)"
             } else {
-                "FAILED (unexplained failures above)"
+                "FAILED (unexplained failures or tests not run above)"
             }
         );
         s
@@ -359,6 +385,11 @@ pub fn compare(
             if *o == Outcome::Ok && k.covers(n) {
                 v.listed_but_passed.push(n.clone());
             }
+        }
+    }
+    for n in passthrough.results.keys() {
+        if !sut.results.contains_key(n) {
+            v.not_run.push(n.clone());
         }
     }
     for (n, o) in &sut.results {
@@ -687,5 +718,16 @@ mod tests {
         assert_eq!(v.skipped_only_here, vec!["t::skip"]);
         assert!(!v.ok());
         assert!(v.report("braid").contains("UNEXPLAINED: t::bad"));
+    }
+
+    #[test]
+    fn a_run_that_ended_early_fails() {
+        use Outcome::*;
+        let sut = run(&[("t::a", Ok)]);
+        let pt = run(&[("t::a", Ok), ("t::b", Ok)]);
+        let v = compare(&sut, &pt, &[], |_| unreachable!("nothing to rerun")).unwrap();
+        assert_eq!(v.not_run, vec!["t::b"]);
+        assert!(!v.ok());
+        assert!(v.report("braid").contains("NOT RUN (1"));
     }
 }
