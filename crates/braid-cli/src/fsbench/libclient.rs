@@ -14,7 +14,7 @@ use braid_fs::client::{Client, ClientConfig, File};
 
 use super::braidfs::FS_PORT;
 use super::procs;
-use super::workload::{BLOCK, Measured, Rng, block_ok, percentile};
+use super::workload::{BLOCK, META_PHASES, Measured, Phases, Rng, block_ok, percentile};
 use crate::testbed::Testbed;
 
 /// Resident pages from the start, as a verbs registration pins them.
@@ -205,6 +205,7 @@ impl LibClient {
             lat_us_median: percentile(&lat, 0.5),
             lat_us_p99: percentile(&lat, 0.99),
             check: format!("all {ops} blocks had their own index"),
+            ..Default::default()
         })
     }
 
@@ -214,6 +215,7 @@ impl LibClient {
     pub fn metadata(&self, tag: &str, max_files: u64, limit: Duration) -> Result<Measured> {
         let root = self.client.root().node;
         let mut lat = Vec::with_capacity(max_files.min(1 << 20) as usize);
+        let mut phases = Phases::new(&META_PHASES);
         let cpu0 = procs::self_cpu_seconds();
         let t0 = Instant::now();
         let mut i = 0u64;
@@ -224,24 +226,31 @@ impl LibClient {
                 .client
                 .create(root, name.as_bytes(), 0o644, libc::O_WRONLY | libc::O_EXCL)
                 .map_err(|e| anyhow::anyhow!("creating {name}: {e}"))?;
+            let created = Instant::now();
             f.write_all_at(0, b"x")
-                .and_then(|_| f.flush())
                 .map_err(|e| anyhow::anyhow!("writing {name}: {e}"))?;
-            // Closing releases the handle and its lookup reference; stat looks the name up
-            // again, as stat(2) of a path does.
+            let written = Instant::now();
+            // Closing (flush, then release of the handle and its lookup reference); stat
+            // looks the name up again, as stat(2) of a path does.
+            f.flush()
+                .map_err(|e| anyhow::anyhow!("flushing {name}: {e}"))?;
             drop(f);
+            let closed = Instant::now();
             let e = self
                 .client
                 .lookup(root, name.as_bytes())
                 .map_err(|e| anyhow::anyhow!("stat {name}: {e}"))?;
             self.client.forget(e.node, 1);
+            let stated = Instant::now();
             if e.attr.size != 1 {
                 bail!("{name}: stat after close says {} bytes, not 1", e.attr.size);
             }
             self.client
                 .unlink(root, name.as_bytes())
                 .map_err(|e| anyhow::anyhow!("unlink {name}: {e}"))?;
-            lat.push(s.elapsed().as_secs_f64() * 1e6);
+            let end = Instant::now();
+            phases.record(&[s, created, written, closed, stated, end]);
+            lat.push(end.duration_since(s).as_secs_f64() * 1e6);
             i += 1;
         }
         let seconds = t0.elapsed().as_secs_f64();
@@ -255,6 +264,7 @@ impl LibClient {
             lat_us_median: percentile(&lat, 0.5),
             lat_us_p99: percentile(&lat, 0.99),
             check: format!("{i} files each 1 byte by lookup after flush and close"),
+            phases_us: phases.medians(),
         })
     }
 }

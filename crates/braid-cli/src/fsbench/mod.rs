@@ -568,6 +568,7 @@ fn fill(row: &mut Row, m: &Measured) {
     row.lat_us_median = m.lat_us_median;
     row.lat_us_p99 = m.lat_us_p99;
     row.check = m.check.clone();
+    row.phases_us = m.phases_us.clone();
     if m.bytes > 0 && row.test != "metadata" {
         let gb = m.bytes as f64 / 1e9;
         row.mb_s = Some(m.bytes as f64 / 1e6 / m.seconds.max(1e-9));

@@ -61,6 +61,9 @@ pub struct Row {
     /// Fraction of the file in the client's page cache just before a read started.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resident_before: Option<f64>,
+    /// Median µs of each step of one operation (metadata loop), where the time goes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub phases_us: Vec<(String, f64)>,
     /// What was checked.
     pub check: String,
     /// Why the measurement failed (the other fields are then empty).
@@ -308,6 +311,26 @@ pub fn table(rows: &[Row], goals: &[Goal]) -> String {
             o(r.of_framing_limit.map(|x| x * 100.0), 1),
             o(r.vs_sshfs, 2)
         );
+    }
+    let steps: Vec<&Row> = rows.iter().filter(|r| !r.phases_us.is_empty()).collect();
+    if !steps.is_empty() {
+        let _ = writeln!(s, "\nmetadata loop, median µs per step:");
+        for r in steps {
+            let p: Vec<String> = r
+                .phases_us
+                .iter()
+                .map(|(n, v)| format!("{n} {v:.0}"))
+                .collect();
+            let _ = writeln!(
+                s,
+                "  {:<9} {:<12} {} rail(s) round {}: {}",
+                r.net,
+                r.system,
+                r.rails,
+                r.round,
+                p.join(", ")
+            );
+        }
     }
     if !goals.is_empty() {
         let _ = writeln!(s, "\ngoals (medians over rounds):");

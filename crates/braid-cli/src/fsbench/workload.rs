@@ -14,6 +14,9 @@ use anyhow::{Context, Result, bail};
 
 use super::procs;
 
+/// Steps of one metadata-loop iteration, as [`Measured::phases_us`] names them.
+pub const META_PHASES: [&str; 5] = ["create", "write", "close", "stat", "unlink"];
+
 /// Block of the read file's pattern (and of random reads).
 pub const BLOCK: usize = 4096;
 
@@ -34,6 +37,45 @@ pub struct Measured {
     pub lat_us_p99: Option<f64>,
     /// What was checked, and whether it held.
     pub check: String,
+    /// Median µs of each step of one operation (the metadata loop's create, write, close,
+    /// stat, unlink), to show where the time goes.
+    pub phases_us: Vec<(String, f64)>,
+}
+
+/// Per-step latency samples of a loop; [`Phases::medians`] at the end.
+#[derive(Debug, Default)]
+pub struct Phases {
+    names: Vec<&'static str>,
+    samples: Vec<Vec<f64>>,
+}
+
+impl Phases {
+    /// Steps named in order.
+    pub fn new(names: &[&'static str]) -> Phases {
+        Phases {
+            names: names.to_vec(),
+            samples: vec![Vec::new(); names.len()],
+        }
+    }
+
+    /// Records one iteration: the instants between steps (`names.len() + 1` of them).
+    pub fn record(&mut self, marks: &[Instant]) {
+        for (i, w) in marks.windows(2).enumerate().take(self.names.len()) {
+            self.samples[i].push(w[1].duration_since(w[0]).as_secs_f64() * 1e6);
+        }
+    }
+
+    /// Median of each step.
+    pub fn medians(mut self) -> Vec<(String, f64)> {
+        self.names
+            .iter()
+            .zip(self.samples.iter_mut())
+            .filter_map(|(n, v)| {
+                v.sort_by(f64::total_cmp);
+                Some((n.to_string(), percentile(v, 0.5)?))
+            })
+            .collect()
+    }
 }
 
 fn block_pattern(index: u64, buf: &mut [u8]) {
@@ -263,6 +305,7 @@ pub fn rand_read(file: &Path, max_ops: u64, limit: Duration) -> Result<Measured>
         lat_us_median: percentile(&lat, 0.5),
         lat_us_p99: percentile(&lat, 0.99),
         check: format!("all {ops} blocks had their own index"),
+        ..Default::default()
     })
 }
 
@@ -271,6 +314,7 @@ pub fn rand_read(file: &Path, max_ops: u64, limit: Duration) -> Result<Measured>
 pub fn metadata_loop(dir: &Path, max_files: u64, limit: Duration) -> Result<Measured> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut lat = Vec::with_capacity(max_files.min(1 << 20) as usize);
+    let mut phases = Phases::new(&META_PHASES);
     let cpu0 = thread_cpu_seconds();
     let t0 = Instant::now();
     let mut i = 0u64;
@@ -283,14 +327,20 @@ pub fn metadata_loop(dir: &Path, max_files: u64, limit: Duration) -> Result<Meas
             .mode(0o644)
             .open(&p)
             .with_context(|| format!("creating {}", p.display()))?;
+        let created = Instant::now();
         f.write_all(b"x")?;
+        let written = Instant::now();
         drop(f);
+        let closed = Instant::now();
         let len = fs::metadata(&p)?.len();
+        let stated = Instant::now();
         if len != 1 {
             bail!("{}: stat after close says {len} bytes, not 1", p.display());
         }
         fs::remove_file(&p)?;
-        lat.push(s.elapsed().as_secs_f64() * 1e6);
+        let end = Instant::now();
+        phases.record(&[s, created, written, closed, stated, end]);
+        lat.push(end.duration_since(s).as_secs_f64() * 1e6);
         i += 1;
     }
     let seconds = t0.elapsed().as_secs_f64();
@@ -307,6 +357,7 @@ pub fn metadata_loop(dir: &Path, max_files: u64, limit: Duration) -> Result<Meas
         lat_us_median: percentile(&lat, 0.5),
         lat_us_p99: percentile(&lat, 0.99),
         check: format!("{i} files each stat'ed at 1 byte after close, directory empty after"),
+        phases_us: phases.medians(),
     })
 }
 
