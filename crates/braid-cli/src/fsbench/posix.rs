@@ -488,7 +488,7 @@ pub struct PosixArgs {
     #[arg(long)]
     pub pjdfstest: Option<PathBuf>,
     /// Markdown file listing the failures that have reasons (section "External POSIX suite").
-    #[arg(long, default_value = "docs/FS.md")]
+    #[arg(long, default_value = "docs/FS-POSIX.md")]
     pub known: PathBuf,
     /// Rails of the (unshaped) testbed.
     #[arg(long, default_value_t = 2)]
@@ -524,13 +524,10 @@ pub fn run(args: &PosixArgs) -> Result<Verdict> {
     }
     let known = match std::fs::read_to_string(&args.known) {
         Ok(md) => parse_known(&md),
-        Err(e) => {
-            eprintln!(
-                "posix-suite: no list of known failures ({}: {e}); every failure must also fail on the passthrough",
-                args.known.display()
-            );
-            Vec::new()
-        }
+        Err(e) => bail!(
+            "reading the list of known failures {}: {e} (run from the repository's root, or pass --known)",
+            args.known.display()
+        ),
     };
     testbed::probe().context("the suite runs the mount on a testbed")?;
     procs::become_subreaper();
