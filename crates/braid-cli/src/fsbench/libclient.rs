@@ -142,6 +142,7 @@ impl LibClient {
                 libc::O_RDWR | libc::O_EXCL | libc::O_TRUNC,
             )
             .map_err(|e| anyhow::anyhow!("creating {name}: {e}"))?;
+        let created = Instant::now();
         let mut off = 0u64;
         while off < size {
             let len = self.buf_len.min((size - off) as usize);
@@ -149,9 +150,17 @@ impl LibClient {
                 .map_err(|e| anyhow::anyhow!("write_at {off}: {e}"))?;
             off += len as u64;
         }
+        let written = Instant::now();
         f.sync_all().map_err(|e| anyhow::anyhow!("sync_all: {e}"))?;
         drop(f);
-        let seconds = t0.elapsed().as_secs_f64();
+        let end = Instant::now();
+        let seconds = end.duration_since(t0).as_secs_f64();
+        let us = |a: Instant, b: Instant| b.duration_since(a).as_secs_f64() * 1e6;
+        let phases_us = vec![
+            ("create".to_string(), us(t0, created)),
+            ("write_at all".to_string(), us(created, written)),
+            ("sync_all".to_string(), us(written, end)),
+        ];
         let app_cpu_s = procs::self_cpu_seconds() - cpu0;
         let on_server = std::fs::metadata(server_view)?.len();
         if on_server != size {
@@ -163,6 +172,7 @@ impl LibClient {
             seconds,
             app_cpu_s,
             check: format!("server file has all {size} bytes after sync_all"),
+            phases_us,
             ..Default::default()
         })
     }

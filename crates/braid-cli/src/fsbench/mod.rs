@@ -400,8 +400,17 @@ fn run_net(ctx: &Ctx, tb: &Testbed, net: &str, tmp: &Path, out: &mut Vec<Row>) -
         for &test in &args.tests {
             for t in &targets {
                 let row = run_one(ctx, t, test, net, round, tb);
-                if let Some(e) = &row.error {
-                    eprintln!("fs bench: {net} {} {}: {e}", t.system, test.name());
+                match &row.error {
+                    Some(e) => eprintln!("fs bench: {net} {} {}: {e}", t.system, test.name()),
+                    None => eprintln!(
+                        "fs bench: {net} {} {} rail(s) {} round {}: {} {:.1} ops/s",
+                        t.system,
+                        t.rails,
+                        test.name(),
+                        round,
+                        row.mb_s.map_or(String::new(), |m| format!("{m:.1} MB/s,")),
+                        row.ops_s
+                    ),
                 }
                 out.push(row);
             }
@@ -439,15 +448,18 @@ fn run_one(ctx: &Ctx, t: &Target, test: TestKind, net: &str, round: u32, tb: &Te
 struct Cpu {
     client: f64,
     server: f64,
+    server_faults: u64,
     machine: f64,
     at: Instant,
 }
 
 impl Cpu {
     fn now(t: &Target) -> Cpu {
+        let (server, server_faults) = t.server.cpu_and_faults();
         Cpu {
             client: t.client.cpu_seconds(),
-            server: t.server.cpu_seconds(),
+            server,
+            server_faults,
             machine: procs::machine_busy_seconds(),
             at: Instant::now(),
         }
@@ -555,6 +567,7 @@ fn measure(ctx: &Ctx, t: &Target, test: TestKind, row: &mut Row) -> Result<Measu
 fn account(ctx: &Ctx, row: &mut Row, cpu0: &Cpu, cpu1: &Cpu) {
     row.client_cpu_s = cpu1.client - cpu0.client;
     row.server_cpu_s = cpu1.server - cpu0.server;
+    row.server_faults = cpu1.server_faults.saturating_sub(cpu0.server_faults);
     let wall = cpu1.at.duration_since(cpu0.at).as_secs_f64();
     row.machine_cpu_s = (cpu1.machine - cpu0.machine - ctx.bg_cpus * wall).max(0.0);
 }

@@ -26,6 +26,8 @@ struct ProcStat {
     ppid: u32,
     /// utime + stime + cutime + cstime, in ticks (children it reaped count too).
     ticks: u64,
+    /// Page faults, minor and major (its own and its reaped children's).
+    faults: u64,
 }
 
 fn read_stat(pid: u32) -> Option<ProcStat> {
@@ -38,6 +40,7 @@ fn read_stat(pid: u32) -> Option<ProcStat> {
     Some(ProcStat {
         ppid: num(4)? as u32,
         ticks: num(14)? + num(15)? + num(16)? + num(17)?,
+        faults: num(10)? + num(11)? + num(12)? + num(13)?,
     })
 }
 
@@ -72,8 +75,8 @@ pub struct Side {
 }
 
 impl Side {
-    /// The pids of the side now, and their CPU ticks.
-    fn members(&self) -> Vec<(u32, u64)> {
+    /// The pids of the side now, with their CPU ticks and page faults.
+    fn members(&self) -> Vec<(u32, ProcStat)> {
         let stats: HashMap<u32, ProcStat> = all_pids()
             .into_iter()
             .filter_map(|p| Some((p, read_stat(p)?)))
@@ -99,7 +102,7 @@ impl Side {
                         .as_deref()
                         .is_some_and(|m| cmdline_contains(**p, m))
             })
-            .map(|(p, s)| (*p, s.ticks))
+            .map(|(p, s)| (*p, *s))
             .collect()
     }
 
@@ -107,7 +110,16 @@ impl Side {
     /// so far. Differences of two calls give a measurement's cost as long as the processes
     /// live through it.
     pub fn cpu_seconds(&self) -> f64 {
-        self.members().iter().map(|(_, t)| *t).sum::<u64>() as f64 / clk_tck()
+        self.members().iter().map(|(_, s)| s.ticks).sum::<u64>() as f64 / clk_tck()
+    }
+
+    /// CPU seconds and page faults (minor + major) so far, from one look at `/proc`.
+    pub fn cpu_and_faults(&self) -> (f64, u64) {
+        let m = self.members();
+        (
+            m.iter().map(|(_, s)| s.ticks).sum::<u64>() as f64 / clk_tck(),
+            m.iter().map(|(_, s)| s.faults).sum(),
+        )
     }
 
     /// Pids of the side now.

@@ -40,6 +40,9 @@ pub struct Row {
     pub client_cpu_s: f64,
     /// CPU seconds of the server's processes.
     pub server_cpu_s: f64,
+    /// Page faults (minor + major) of the server's processes over the run: a write into
+    /// file pages mapped `MAP_SHARED` faults once per new page.
+    pub server_faults: u64,
     /// Busy CPU seconds of the whole machine over the run, less the background rate measured
     /// before (other load on a shared machine), never below zero.
     pub machine_cpu_s: f64,
@@ -314,7 +317,10 @@ pub fn table(rows: &[Row], goals: &[Goal]) -> String {
     }
     let steps: Vec<&Row> = rows.iter().filter(|r| !r.phases_us.is_empty()).collect();
     if !steps.is_empty() {
-        let _ = writeln!(s, "\nmetadata loop, median µs per step:");
+        let _ = writeln!(
+            s,
+            "\nwhere the time goes, µs per step (metadata loop: medians; library write: totals):"
+        );
         for r in steps {
             let p: Vec<String> = r
                 .phases_us
@@ -323,10 +329,11 @@ pub fn table(rows: &[Row], goals: &[Goal]) -> String {
                 .collect();
             let _ = writeln!(
                 s,
-                "  {:<9} {:<12} {} rail(s) round {}: {}",
+                "  {:<9} {:<12} {} rail(s) {:<9} round {}: {}",
                 r.net,
                 r.system,
                 r.rails,
+                r.test,
                 r.round,
                 p.join(", ")
             );
