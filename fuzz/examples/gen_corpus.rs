@@ -60,7 +60,7 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) {
 
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
-    let dirs = ["frame_header", "handshake", "session_rx"].map(|d| {
+    let dirs = ["frame_header", "handshake", "session_rx", "fs_proto"].map(|d| {
         let p = root.join(d);
         let _ = fs::remove_dir_all(&p);
         fs::create_dir_all(&p).unwrap();
@@ -420,4 +420,37 @@ fn main() {
         .0;
     write(d, "truncated_payload", &long[..long.len() - 10]);
     write(d, "truncated_header", &long[..30]);
+
+    // ------------------------------------------------------------------ fs_proto
+    {
+        use braid_fs::proto::{
+            Attr, Creds, Entry, Errno, NodeId, Op, Reply, Request, SetAttr, TimeSet, encode_reply,
+            encode_request,
+        };
+        let d = &dirs[3];
+        let node = NodeId { id: 7, generation: 0x1234 };
+        let creds = Creds { uid: 1000, gid: 100, umask: 0o022 };
+        let reqs = [
+            ("lookup", Request::Lookup { parent: node, name: b"name".to_vec() }),
+            ("walk", Request::Walk { parent: node, path: b"a/../b".to_vec(), follow: true }),
+            ("forget", Request::Forget { items: vec![(node, 3)] }),
+            ("setattr", Request::SetAttr { node, fh: 2, set: SetAttr { mode: Some(0o600), size: Some(9), mtime: TimeSet::Now, ..Default::default() } }),
+            ("create", Request::Create { parent: node, name: b"f".to_vec(), mode: 0o644, flags: 2, creds }),
+            ("rename", Request::Rename { parent: node, name: b"a".to_vec(), new_parent: node, new_name: b"b".to_vec(), flags: 1 }),
+            ("write", Request::Write { fh: 1, offset: 4096, data: b"data".to_vec() }),
+            ("readdir", Request::ReadDir { dh: 1, offset: 0, max_bytes: 4096 }),
+        ];
+        for (name, r) in reqs {
+            fs::write(d.join(format!("req_{name}")), encode_request(1, &r).unwrap()).unwrap();
+        }
+        let entry = Entry { node, attr: Attr { size: 5, mode: 0o100644, nlink: 1, ..Default::default() } };
+        let reps = [
+            ("entry", Op::Lookup, Ok(Reply::Entry(entry))),
+            ("error", Op::Open, Err(Errno::ENOENT)),
+            ("dir", Op::ReadDir, Ok(Reply::Dir(vec![braid_fs::proto::DirEntry { ino: 3, next_offset: 9, file_type: 0o40000, name: b"d".to_vec() }], true))),
+        ];
+        for (name, op, r) in reps {
+            fs::write(d.join(format!("rep_{name}")), encode_reply(2, op, &r).unwrap()).unwrap();
+        }
+    }
 }

@@ -131,6 +131,7 @@ fn sparse_file_past_4_gib_and_random_writes() {
     let p = m.mountpoint().join("sparse");
     let f = OpenOptions::new()
         .create(true)
+        .truncate(true)
         .read(true)
         .write(true)
         .open(&p)

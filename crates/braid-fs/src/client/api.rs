@@ -332,9 +332,12 @@ impl std::fmt::Debug for File {
     }
 }
 
+/// Pieces in flight, (file offset, bytes) of those done, and the first error.
+type Pieces = (usize, Vec<(u64, usize)>, Option<Error>);
+
 /// Counts the pieces of one large transfer.
 struct Progress {
-    state: Mutex<(usize, Vec<(u64, usize)>, Option<Error>)>,
+    state: Mutex<Pieces>,
     cv: Condvar,
 }
 

@@ -395,6 +395,9 @@ impl FileState {
 
     /// Grows the file to at least `end` unless a `MapRegion` is already in flight (its
     /// reply drains the queue and grows further if needed).
+    /// Grows the file to cover every queued write (at least `end`) unless a `MapRegion` is
+    /// already in flight: its reply drains the queue and grows again for what queued
+    /// meanwhile, so a stream of appends costs one round trip per batch, not per write.
     fn grow(
         self: &Arc<Self>,
         g: &mut FileInner,
@@ -406,6 +409,14 @@ impl FileState {
         if g.growing.is_some() {
             return;
         }
+        let end = g
+            .queue
+            .iter()
+            .filter_map(|q| match q {
+                Queued::Write(w) => Some(w.end()),
+                Queued::Read(_) => None,
+            })
+            .fold(end, u64::max);
         g.growing = Some(end);
         let me = self.clone();
         let c2 = c.clone();

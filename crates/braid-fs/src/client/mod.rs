@@ -190,11 +190,9 @@ impl Inner {
             );
         } else if c.wr_id & rpc::SEND != 0 {
             self.rpc.on_send((c.wr_id & !rpc::SEND) as usize, c.status);
-        } else if c.wr_id & data::DATA != 0 {
-            if self.data.on_completion(c.wr_id, c.status) {
-                self.rpc
-                    .fail(format!("the data connection ended ({:?})", c.status));
-            }
+        } else if c.wr_id & data::DATA != 0 && self.data.on_completion(c.wr_id, c.status) {
+            self.rpc
+                .fail(format!("the data connection ended ({:?})", c.status));
         }
         if self.rpc.dead().is_some() && !self.data.endpoint().is_closed() {
             self.data.endpoint().close();

@@ -594,7 +594,12 @@ impl Export {
                 });
             }
             rustix::fs::ftruncate(&f.fd, min_size)?;
+            let old = attr.size;
             attr = f.inode.attr()?;
+            let region = r.ensure(&self.ctx, &f.fd, attr.size, true)?;
+            // The client grows a file just before writing the new range.
+            r.populate(old, attr.size);
+            return Ok(Mapped { attr, region });
         }
         let region = r.ensure(&self.ctx, &f.fd, attr.size, f.writable && !self.read_only)?;
         Ok(Mapped { attr, region })

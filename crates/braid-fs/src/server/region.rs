@@ -22,7 +22,7 @@ use crate::proto::{Errno, RegionInfo};
 /// One registration of a file's pages (`Context::register_file`): dropping it revokes the
 /// key, after remote operations still using it have finished.
 pub(crate) struct FileRegion {
-    _region: Region,
+    region: Region,
     pub(crate) info: RegionInfo,
 }
 
@@ -52,7 +52,7 @@ impl FileRegion {
         })?;
         let key = region.remote_key();
         Ok(FileRegion {
-            _region: region,
+            region,
             info: RegionInfo {
                 key: key.key,
                 len: key.len,
@@ -112,6 +112,39 @@ impl FileRegions {
         let info = r.info;
         regs.push(Arc::new(r));
         Ok(Some(info))
+    }
+
+    /// Faults in `[from, to)` of the newest writable registration, writable, so that
+    /// clients' one-sided writes there find their pages: page allocation and the file
+    /// system's `page_mkwrite` then run on this (worker) thread, beside the engine that
+    /// places the data, instead of inside its socket reads. Best effort.
+    pub(crate) fn populate(&self, from: u64, to: u64) {
+        let Some(r) = self.read_write.last() else {
+            return;
+        };
+        let page = rustix::param::page_size() as u64;
+        let start = from / page * page;
+        let end = to
+            .min(r.info.len)
+            .next_multiple_of(page)
+            .min(r.info.len.next_multiple_of(page));
+        if end <= start {
+            return;
+        }
+        // SAFETY: [start, end) lies inside the registration's mapping (end is capped at its
+        // page-rounded length). MADV_POPULATE_WRITE is a system call: pages a truncation
+        // removed make it fail (EFAULT), not fault this thread; nothing is read or written
+        // from user space.
+        let res = unsafe {
+            rustix::mm::madvise(
+                r.region.as_mut_ptr().add(start as usize).cast(),
+                (end - start) as usize,
+                rustix::mm::Advice::LinuxPopulateWrite,
+            )
+        };
+        if let Err(e) = res {
+            tracing::debug!("populating file pages {start}..{end}: {e}");
+        }
     }
 
     /// Ends every registration (the last handle closed).
