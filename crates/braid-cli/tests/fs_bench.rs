@@ -150,7 +150,7 @@ fn posix_suite_on_the_braid_mount() {
     if skip_reason(true).is_some() {
         return;
     }
-    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/FS-POSIX.md");
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/FS.md");
     let child = Command::new(env!("CARGO_BIN_EXE_braid"))
         .args(["fs", "posix-suite", "--system", "braid", "--known"])
         .arg(&docs)

@@ -488,7 +488,7 @@ pub struct PosixArgs {
     #[arg(long)]
     pub pjdfstest: Option<PathBuf>,
     /// Markdown file listing the failures that have reasons (section "External POSIX suite").
-    #[arg(long, default_value = "docs/FS-POSIX.md")]
+    #[arg(long, default_value = "docs/FS.md")]
     pub known: PathBuf,
     /// Rails of the (unshaped) testbed.
     #[arg(long, default_value_t = 2)]
