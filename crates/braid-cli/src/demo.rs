@@ -397,6 +397,7 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
                     hosts: 2,
                     rates: opts.rates.clone(),
                     mtu: opts.mtu,
+                    unshaped: false,
                 };
                 let tb = Testbed::up(&spec)?;
                 print!("{}", tb.status()?);

@@ -5,6 +5,7 @@
 pub mod baseline;
 pub mod chart;
 pub mod demo;
+pub mod fsbench;
 pub mod parse;
 pub mod report;
 pub mod run;

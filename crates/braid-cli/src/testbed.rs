@@ -28,6 +28,10 @@
 //! Offloads (GSO/GRO/TSO) are left on: tbf accounts GSO packets by their on-wire size, and
 //! the measurements below reach the framing limit with them on.
 //!
+//! An unshaped testbed ([`TestbedSpec::unshaped`], `braid testbed up --unshaped`) has no
+//! qdisc at all: the rails are plain veth pairs, as fast as the CPUs move packets, for
+//! measurements that are bound by CPU rather than by the link.
+//!
 //! # Measured (release build, 2-core VM, BBR, `braid baseline tcp` through this testbed)
 //!
 //! Testbed `braid testbed up --name bm --rails 4` (4 × 1gbit, MTU 1500), server
@@ -81,6 +85,10 @@ pub struct TestbedSpec {
     pub rates: Vec<Rate>,
     /// MTU of every veth end.
     pub mtu: u32,
+    /// No `tbf` on the rails: each veth runs as fast as the CPUs move packets (`rates` then
+    /// only count the rails). For CPU-bound measurements.
+    #[serde(default)]
+    pub unshaped: bool,
 }
 
 impl TestbedSpec {
@@ -91,6 +99,15 @@ impl TestbedSpec {
             hosts: 2,
             rates: vec![rate; rails],
             mtu: 1500,
+            unshaped: false,
+        }
+    }
+
+    /// `rails` unshaped rails between 2 hosts, MTU 1500 (see [`TestbedSpec::unshaped`]).
+    pub fn unshaped(name: impl Into<String>, rails: usize) -> Self {
+        TestbedSpec {
+            unshaped: true,
+            ..TestbedSpec::new(name, rails, Rate::from_bits(1_000_000_000))
         }
     }
 
@@ -283,22 +300,24 @@ impl Testbed {
                 let (aa, ab) = self.link_addrs(a, b, r);
                 for (ns, ifn, addr) in [(&nsa, &ia, aa), (&nsb, &ib, ab)] {
                     ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", ifn])?;
-                    tc(&[
-                        "-n",
-                        ns,
-                        "qdisc",
-                        "replace",
-                        "dev",
-                        ifn,
-                        "root",
-                        "tbf",
-                        "rate",
-                        &s.rates[r].tc_arg(),
-                        "burst",
-                        "256kb",
-                        "latency",
-                        "5ms",
-                    ])?;
+                    if !s.unshaped {
+                        tc(&[
+                            "-n",
+                            ns,
+                            "qdisc",
+                            "replace",
+                            "dev",
+                            ifn,
+                            "root",
+                            "tbf",
+                            "rate",
+                            &s.rates[r].tc_arg(),
+                            "burst",
+                            "256kb",
+                            "latency",
+                            "5ms",
+                        ])?;
+                    }
                     ip(&["-n", ns, "link", "set", ifn, "up"])?;
                 }
             }
@@ -488,15 +507,22 @@ impl Testbed {
                         })
                         .unwrap_or_else(|_| "missing".into())
                 };
+                let shaping = if s.unshaped {
+                    "unshaped (no tbf)".to_string()
+                } else {
+                    format!(
+                        "tbf {rate} = {:.2} MB/s, framing limit {:.2} MB/s",
+                        rate.mb_per_s(),
+                        framing_limit_mb_s(rate, s.mtu)
+                    )
+                };
                 writeln!(
                     o,
-                    "  rail {r} h{a}-h{b}: {aa} ({} {}) <-> {ab} ({} {})  tbf {rate} = {:.2} MB/s, framing limit {:.2} MB/s",
+                    "  rail {r} h{a}-h{b}: {aa} ({} {}) <-> {ab} ({} {})  {shaping}",
                     ifname(b, r),
                     state(a, b),
                     ifname(a, r),
                     state(b, a),
-                    rate.mb_per_s(),
-                    framing_limit_mb_s(rate, s.mtu)
                 )?;
             }
         }

@@ -265,3 +265,29 @@ fn testbed_is_removed_when_a_test_panics() {
         our_namespaces(&name)
     );
 }
+
+#[test]
+fn unshaped_testbed_has_no_qdisc_and_carries_traffic() {
+    if skip_reason().is_some() {
+        return;
+    }
+    let name = format!("braid-test-{}-u", std::process::id());
+    let tb = Testbed::up(&TestbedSpec::unshaped(&name, 2)).expect("testbed up");
+    for host in 0..2 {
+        for rail in 0..2 {
+            let out = Command::new("tc")
+                .args(["-n", &tb.host_ns(host), "qdisc", "show", "dev"])
+                .arg(format!("p{}r{rail}", 1 - host))
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success() && !text.contains("tbf"), "{text}");
+        }
+    }
+    assert!(tb.status().unwrap().contains("unshaped"));
+    // An unshaped record differs from a shaped one of the same name.
+    assert!(Testbed::up(&TestbedSpec::new(&name, 2, Rate::from_bits(1_000_000_000))).is_err());
+    transfer(&tb, 1, 1 << 20).unwrap();
+    drop(tb);
+    assert!(our_namespaces(&name).is_empty());
+}

@@ -90,6 +90,9 @@ impl Rpc {
     /// When the request cannot be encoded, the client is disconnected or the backlog is full,
     /// fails at once and hands `cb` back unrun.
     pub(crate) fn call(&self, req: &Request, cb: RpcCallback) -> Result<(), (Error, RpcCallback)> {
+        if let Some(e) = too_long(req) {
+            return Err((Error::Remote(e), cb));
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let msg = match proto::encode_request(id, req) {
             Ok(m) => m,
@@ -269,4 +272,28 @@ impl Rpc {
         let st = self.state.lock();
         st.pending.len() + st.backlog.len()
     }
+}
+
+/// A name over `NAME_MAX` or a path over `PATH_MAX` is the caller's error (ENAMETOOLONG),
+/// answered here: the server takes it for a malformed request and closes the connection.
+fn too_long(req: &Request) -> Option<proto::Errno> {
+    let name = |n: &[u8]| n.len() > proto::MAX_NAME;
+    let long = match req {
+        Request::Lookup { name: n, .. }
+        | Request::Unlink { name: n, .. }
+        | Request::Rmdir { name: n, .. }
+        | Request::Mknod { name: n, .. }
+        | Request::Mkdir { name: n, .. }
+        | Request::Create { name: n, .. } => name(n),
+        Request::Symlink {
+            name: n, target, ..
+        } => name(n) || target.len() > proto::MAX_PATH,
+        Request::Rename {
+            name: n, new_name, ..
+        } => name(n) || name(new_name),
+        Request::Link { new_name, .. } => name(new_name),
+        Request::Walk { path, .. } => path.len() > proto::MAX_PATH,
+        _ => false,
+    };
+    long.then_some(proto::Errno::ENAMETOOLONG)
 }
