@@ -288,6 +288,54 @@ fn striping_follows_rail_rates() {
     );
 }
 
+/// A lone operation (depth 1, as a file system's synchronous write or a DSM page move) is
+/// spread over every rail, not carried by the first rails to ask for data: each of four
+/// equal rails carries a share (about a quarter, at least a sixteenth) of every 1 MiB write, with 2 MiB
+/// windows whose quarter-window chunks alone would leave two rails idle.
+#[test]
+fn lone_operations_use_every_rail() {
+    for seed in 0..20 {
+        let cfg = SessionConfig {
+            initial_window: 2 << 20,
+            ..SessionConfig::default()
+        };
+        let mut sim = Sim::with(
+            seed,
+            vec![Some(100.0); 4],
+            Duration::from_micros(50),
+            cfg.clone(),
+            cfg,
+        );
+        const OP: usize = 1 << 20;
+        let target = sim.sides[B].alloc(OP, Access::all());
+        let src = sim.sides[A].alloc(OP, Access::NONE);
+        src.write_at(0, &Rng::new(seed).bytes(OP)).unwrap();
+        let rkey = target.remote_key().key;
+        for i in 0..8u64 {
+            let before = sim.sides[A].session.rail_data_sent();
+            sim.sides[A]
+                .session
+                .post(i, write(vec![src.as_sge()], rkey, 0))
+                .unwrap();
+            run_until_initiated(&mut sim, A, i as usize + 1, 1_000_000);
+            let sent: Vec<u64> = sim.sides[A]
+                .session
+                .rail_data_sent()
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| a - b)
+                .collect();
+            assert_eq!(sent.iter().sum::<u64>(), OP as u64, "seed {seed}");
+            // Shares follow the rails' windows, which the rate estimates move a little.
+            assert!(
+                sent.iter().all(|&n| n >= OP as u64 / 16),
+                "seed {seed}: write {i} split {sent:?} over the rails"
+            );
+        }
+        sim.assert_no_errors();
+    }
+}
+
 /// Relaxed placement on rails of very different speeds: later writes are placed while an
 /// earlier one still waits for its chunk on the slow rail, yet every write completes in
 /// order with its bytes, and the peer is told of nothing before its turn.

@@ -208,6 +208,10 @@ impl Pipe {
             }
             let l = seg.data.len() as u64;
             if l > left {
+                // The kept bytes arrive when they would have: the segment ends earlier, in
+                // proportion (rounded down, so bytes already read stay arrived).
+                let span = (seg.end - seg.start).as_nanos() as u64;
+                seg.end = seg.start + Duration::from_nanos(span * left / l);
                 seg.data.truncate(left as usize);
             }
             left -= (seg.data.len() as u64).min(left);
