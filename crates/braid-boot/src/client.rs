@@ -263,6 +263,25 @@ impl RootLink {
         st.lost.as_ref().map(|l| BootError::RootLost(l.clone()))
     }
 
+    /// Waits up to `wait` for the job's failure or the link's loss; `None` if neither came.
+    ///
+    /// A rank that fails to reach a peer asks this first: when the peer gave up because the
+    /// job failed, the rendezvous's verdict names the cause, the broken connection does not.
+    pub(crate) fn wait_failure(&self, wait: Duration) -> Option<BootError> {
+        let deadline = Instant::now() + wait;
+        let mut st = self.shared.state.lock().expect("link lock");
+        loop {
+            if let Some(e) = Self::failure_of(&st) {
+                return Some(e);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            st = self.shared.cv.wait_timeout(st, left).expect("link lock").0;
+        }
+    }
+
     /// Waits for the address table until `deadline`.
     pub(crate) fn wait_table(&self, deadline: Instant) -> Result<Vec<TableEntry>, BootError> {
         let start = Instant::now();

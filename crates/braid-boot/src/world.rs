@@ -91,6 +91,9 @@ const ABORT_WAIT: Duration = Duration::from_secs(1);
 /// How long a rank 0 whose join failed keeps telling late ranks why.
 const FAILED_LINGER: Duration = Duration::from_secs(3);
 
+/// How long a rank whose mesh connection failed waits for the rendezvous's verdict.
+const VERDICT_WAIT: Duration = Duration::from_secs(2);
+
 /// Where rank 0 listens: the first candidate's port, on that loopback address if every
 /// candidate is a loopback address, else on every address of its host (the wildcard).
 fn root_bind(candidates: &[(String, u16)]) -> SocketAddr {
@@ -387,6 +390,12 @@ impl World {
         }
     }
 
+    /// The job's failure if the rendezvous reports one soon after `e`, else `e`: a peer that
+    /// gave up because the job failed breaks our connection before the verdict reaches us.
+    fn cause_of(&self, e: BootError) -> BootError {
+        self.link().wait_failure(VERDICT_WAIT).unwrap_or(e)
+    }
+
     fn link(&self) -> &RootLink {
         self.link
             .as_ref()
@@ -425,16 +434,19 @@ impl World {
                 source,
             };
             if rails.is_empty() {
-                return Err(err(braid::Error::InvalidArgument(
+                return Err(self.cause_of(err(braid::Error::InvalidArgument(
                     "no rail between the two ranks".into(),
-                )));
+                ))));
             }
             let mut o = opts.endpoint.clone();
             o.connect_timeout = o
                 .connect_timeout
                 .min(deadline.saturating_duration_since(Instant::now()))
                 .max(Duration::from_millis(100));
-            let ep = ctx.connect(rails, &o).map_err(err)?;
+            let ep = match ctx.connect(rails, &o) {
+                Ok(ep) => ep,
+                Err(e) => return Err(self.cause_of(err(e))),
+            };
             dialled.push((peer, canonical(ep.rail_addrs()[0].0)));
             self.by_endpoint.insert(ep.id(), peer);
             self.endpoints[peer] = Some(ep);
@@ -460,7 +472,7 @@ impl World {
             match listener.accept(&opts.endpoint, left.min(Duration::from_millis(200))) {
                 Ok(ep) => accepted.push(ep),
                 Err(braid::Error::Timeout(_)) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(self.cause_of(e.into())),
             }
         }
         let left = deadline.saturating_duration_since(Instant::now());

@@ -102,10 +102,16 @@ impl RootCore {
         }
     }
 
-    /// True when no rank needs the rendezvous any more: the job formed or failed, and every
-    /// rank that joined has left or is gone.
+    /// True when no rank needs the rendezvous any more: the job formed or failed, every rank
+    /// joined at some point, and each has left or is gone. A job that failed before every
+    /// rank joined is never finished: a late rank still needs to learn why (the server
+    /// lingers for that until its own deadline).
     pub(crate) fn finished(&self) -> bool {
-        self.phase != Phase::Joining && self.members.iter().flatten().all(|m| m.gone || m.left)
+        self.phase != Phase::Joining
+            && self
+                .members
+                .iter()
+                .all(|m| m.as_ref().is_some_and(|m| m.gone || m.left))
     }
 
     fn refuse(&mut self, conn: ConnId, kind: Refusal, detail: String) {
@@ -547,6 +553,16 @@ mod tests {
         assert_eq!(f.len(), 1);
         assert!(
             matches!(&f[0], (0, Failure::RankDied { rank: 1, detail }) if detail.contains("reset"))
+        );
+        // Rank 2 has not joined yet: the rendezvous must stay to tell it why, even once the
+        // ranks that did join are gone.
+        c.closed(0, "eof");
+        assert!(!c.finished());
+        c.join(2, "j", 2, 3, info(3), seen(), welcome());
+        let late = failures(&c.take_actions());
+        assert!(
+            matches!(&late[..], [(2, Failure::RankDied { rank: 1, .. })]),
+            "{late:?}"
         );
 
         let mut c = formed(2);
