@@ -17,7 +17,9 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-cargo build --release -p braid-exs
+# The same build as `cargo test --workspace --release` (one feature set, so nothing is
+# rebuilt after the tests; building one package alone would compile the chain again).
+cargo build --release -q --workspace --all-targets
 cc -O2 -Wall -Wextra -I include examples/c/exs_stream.c -o "$OUT/exs_stream" -L target/release -lexs
 cc -O2 -Wall -Wextra -I include examples/c/exs_braid.c -o "$OUT/exs_braid" -L target/release -lexs
 export LD_LIBRARY_PATH="$ROOT/target/release${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -10,7 +10,9 @@ N=${N:-3}
 OUT=$(mktemp -d /tmp/dsm-c.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT INT TERM
 
-cargo build --release -q -p braid-dsm
+# The same build as `cargo test --workspace --release` (one feature set, so nothing is
+# rebuilt after the tests; building one package alone would compile the chain again).
+cargo build --release -q --workspace --all-targets
 cc -O2 -Wall -Wextra -I include examples/c/dsm_hello.c -o "$OUT/dsm_hello" -L target/release -lbraid_dsm
 # The static library links too.
 cc -O2 -Wall -Wextra -I include examples/c/dsm_hello.c -o "$OUT/dsm_hello_static" \
