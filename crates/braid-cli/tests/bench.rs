@@ -214,9 +214,20 @@ fn write_lat_with_baseline() {
     assert!(0.0 < min && min <= med && med <= p99, "{r}");
     assert_eq!(r["lat_poll"]["samples"].as_u64(), Some(200), "{r}");
     assert!(r["lat_wait"]["median"].as_f64().unwrap() > 0.0, "{r}");
-    assert!(r["tcp_lat"]["median"].as_f64().unwrap() > 0.0, "{r}");
-    assert!(f(r, "ratio") > 0.0, "{r}");
+    // Each braid mode beside a TCP ping-pong of the same mode.
+    assert_eq!(r["tcp_lat_poll"]["samples"].as_u64(), Some(200), "{r}");
+    assert_eq!(r["tcp_lat"]["samples"].as_u64(), Some(200), "{r}");
+    let ratio = f(r, "ratio");
+    let expect = med / r["tcp_lat_poll"]["median"].as_f64().unwrap();
+    assert!((ratio - expect).abs() < 1e-9 * expect, "{r}");
+    let expect_wait =
+        r["lat_wait"]["median"].as_f64().unwrap() / r["tcp_lat"]["median"].as_f64().unwrap();
+    assert!(
+        (f(r, "ratio_wait") - expect_wait).abs() < 1e-9 * expect_wait,
+        "{r}"
+    );
     assert!(run.client_out.contains("t_typical"), "{}", run.client_out);
+    assert!(run.client_out.contains("tcp-p") && run.client_out.contains("tcp-w"));
 }
 
 #[test]

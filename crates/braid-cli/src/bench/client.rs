@@ -241,14 +241,22 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
             run_bw(&ctx, &mut peer, op, size, &plan)?
         };
         if a.baseline && op.is_lat() {
-            let l = tcp_lat(&mut peer, size, &plan)?;
+            // Each braid mode beside the TCP ping-pong of the same mode.
+            let l = tcp_lat(&mut peer, size, &plan, false)?;
             if l.samples > 0 && l.median > 0.0 {
                 row.ratio = row.lat_us_median.map(|b| b / l.median);
                 row.ratio_definition = Some(
-                    "braid one-way median latency (busy poll) / TCP one-way median latency".into(),
+                    "braid one-way median latency, busy poll / TCP ping-pong's, busy poll (non-blocking recv in a spin loop on both sides)".into(),
                 );
             }
-            row.tcp_lat = Some(l);
+            row.tcp_lat_poll = Some(l);
+            if !a.poll_only {
+                let l = tcp_lat(&mut peer, size, &plan, true)?;
+                if l.samples > 0 && l.median > 0.0 {
+                    row.ratio_wait = row.lat_wait.as_ref().map(|b| b.median / l.median);
+                }
+                row.tcp_lat = Some(l);
+            }
         }
         say(&output::line(op, &row, a.baseline));
         rows.push(row);
@@ -807,9 +815,10 @@ fn tcp_bw(peer: &mut Peer, size: usize, plan: &Plan) -> Result<TcpBw> {
     })
 }
 
-/// A TCP ping-pong of `size` bytes on rail 0's path.
-fn tcp_lat(peer: &mut Peer, size: usize, plan: &Plan) -> Result<LatStats> {
-    let reply = setup_test(peer, setup_for(Op::TcpPingPong, size, plan, false))?;
+/// A TCP ping-pong of `size` bytes on rail 0's path, blocking in `recv` on both sides if
+/// `wait_mode`, else spinning on non-blocking sockets.
+fn tcp_lat(peer: &mut Peer, size: usize, plan: &Plan, wait_mode: bool) -> Result<LatStats> {
+    let reply = setup_test(peer, setup_for(Op::TcpPingPong, size, plan, wait_mode))?;
     let port = reply
         .tcp_port
         .context("no TCP baseline port in the reply")?;
@@ -820,7 +829,7 @@ fn tcp_lat(peer: &mut Peer, size: usize, plan: &Plan) -> Result<LatStats> {
         (plan.iters / 10).min(100)
     };
     let deadline = plan.duration.map(|d| Instant::now() + d);
-    let mut rtts = tcp::ping_pong(&mut s, size, warmup, plan.iters, deadline)?;
+    let mut rtts = tcp::ping_pong(&mut s, size, !wait_mode, warmup, plan.iters, deadline)?;
     drop(s);
     finish_test(peer, rtts.len() as u64 + warmup)?;
     Ok(LatStats::from_rtts(&mut rtts))

@@ -157,6 +157,8 @@ pub struct ClientArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Also measure plain TCP on rail 0's path (stream or ping-pong) and report ratios.
+    /// Latency tests ping-pong in both of braid's modes (busy poll: non-blocking `recv` in a
+    /// spin loop; blocking) and divide like by like.
     #[arg(long)]
     pub baseline: bool,
     /// With --baseline on bandwidth tests: alternate braid and TCP this many times (each

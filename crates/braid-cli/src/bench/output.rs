@@ -127,9 +127,13 @@ pub struct Row {
     /// TCP baseline bandwidth (one stream on rail 0's path), MB/s.
     #[serde(skip_serializing_if = "is_none")]
     pub tcp_bw_mb_s: Option<f64>,
-    /// TCP baseline one-way latency (RTT/2) statistics.
+    /// TCP baseline one-way latency (RTT/2) statistics, blocking `recv` on both sides (the
+    /// partner of `lat_wait`).
     #[serde(skip_serializing_if = "is_none")]
     pub tcp_lat: Option<LatStats>,
+    /// TCP baseline one-way latency, busy polling on both sides (the partner of `lat_poll`).
+    #[serde(skip_serializing_if = "is_none")]
+    pub tcp_lat_poll: Option<LatStats>,
     /// TCP baseline client CPU s/GB.
     #[serde(skip_serializing_if = "is_none")]
     pub tcp_client_cpu_s_per_gb: Option<f64>,
@@ -140,6 +144,9 @@ pub struct Row {
     /// (latency tests, goal ≤ 1.5).
     #[serde(skip_serializing_if = "is_none")]
     pub ratio: Option<f64>,
+    /// Latency tests: braid's blocking median / the blocking TCP ping-pong's median.
+    #[serde(skip_serializing_if = "is_none")]
+    pub ratio_wait: Option<f64>,
     /// What `ratio` divides.
     #[serde(skip_serializing_if = "is_none")]
     pub ratio_definition: Option<String>,
@@ -190,6 +197,9 @@ pub fn header(
     );
     if op.is_lat() {
         s += " latencies are one-way = RTT/2 in usec (as perftest); poll = busy cq.poll, wait = cq.wait\n";
+        if baseline {
+            s += " tcp-p / tcp-w = a TCP ping-pong on rail 0's path, busy-polled / blocking; braid/TCP divides the same modes\n";
+        }
         s += &format!(
             " {:>8} {:>12} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
             "#bytes",
@@ -247,12 +257,19 @@ pub fn line(op: Op, r: &Row, baseline: bool) -> String {
             s += &lat_line(r.size, l.samples as u64, "poll", l, &extra);
         }
         if let Some(l) = &r.lat_wait {
+            let extra = if baseline {
+                format!(" {:>8}", opt(r.ratio_wait, 2))
+            } else {
+                String::new()
+            };
             s += "\n";
-            s += &lat_line(r.size, l.samples as u64, "wait", l, "");
+            s += &lat_line(r.size, l.samples as u64, "wait", l, &extra);
         }
-        if let Some(l) = &r.tcp_lat {
-            s += "\n";
-            s += &lat_line(r.size, l.samples as u64, "tcp", l, "");
+        for (l, mode) in [(&r.tcp_lat_poll, "tcp-p"), (&r.tcp_lat, "tcp-w")] {
+            if let Some(l) = l {
+                s += "\n";
+                s += &lat_line(r.size, l.samples as u64, mode, l, "");
+            }
         }
         s
     } else {

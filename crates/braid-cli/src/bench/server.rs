@@ -359,7 +359,7 @@ fn run_test(
             reply.tcp_port = Some(tcp.local_addr()?.port());
             peer.post_ctrl_recv()?;
             start(peer, &mut t, reply)?;
-            let r = tcp::serve(tcp, s.op, s.size, timeout);
+            let r = tcp::serve(tcp, s.op, s.size, !s.wait_mode, timeout);
             match r {
                 Ok((messages, bytes)) => {
                     t.report.messages = messages;

@@ -1,5 +1,8 @@
 //! The plain-TCP baseline of `--baseline`, on rail 0's path: a blocking stream (sink on the
-//! server) or a blocking ping-pong (echo on the server), side by side with the braid test.
+//! server) or a ping-pong (echo on the server), side by side with the braid test. The
+//! ping-pong comes in the two modes braid's latency test has: busy polling (non-blocking
+//! `recv`/`send` in a spin loop on both sides, the fair partner of braid's busy-polled
+//! figure) and blocking (`recv` sleeps in the kernel, the partner of `cq.wait`).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -14,8 +17,15 @@ use super::{Op, fill_pattern};
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accepts one connection (bounded by `timeout`) and serves it: `TcpStream` reads until EOF,
-/// `TcpPingPong` echoes `size`-byte messages until EOF. Returns (messages, bytes received).
-pub fn serve(l: &TcpListener, op: Op, size: usize, timeout: Duration) -> Result<(u64, u64)> {
+/// `TcpPingPong` echoes `size`-byte messages until EOF (spinning on a non-blocking socket
+/// when `busy`). Returns (messages, bytes received).
+pub fn serve(
+    l: &TcpListener,
+    op: Op,
+    size: usize,
+    busy: bool,
+    timeout: Duration,
+) -> Result<(u64, u64)> {
     let deadline = Instant::now() + timeout;
     let mut s = loop {
         match l.accept() {
@@ -49,16 +59,17 @@ pub fn serve(l: &TcpListener, op: Op, size: usize, timeout: Duration) -> Result<
             messages = bytes / size as u64;
         }
         _ => {
+            let mut io = PingIo::new(&mut s, busy)?;
             let mut buf = vec![0u8; size];
             loop {
-                match s.read_exact(&mut buf) {
+                match io.read_exact(&mut buf) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
                     Err(e) => return Err(e).context("TCP baseline ping"),
                 }
                 bytes += size as u64;
                 messages += 1;
-                s.write_all(&buf).context("TCP baseline pong")?;
+                io.write_all(&buf).context("TCP baseline pong")?;
             }
         }
     }
@@ -112,15 +123,17 @@ pub fn stream(
     Ok((n, t0.elapsed().as_secs_f64()))
 }
 
-/// Ping-pongs `size`-byte messages: `warmup` uncounted rounds, then until `max` rounds or
-/// `deadline`. Returns the round-trip times in ns.
+/// Ping-pongs `size`-byte messages (spinning on a non-blocking socket when `busy`): `warmup`
+/// uncounted rounds, then until `max` rounds or `deadline`. Returns the round-trip times in ns.
 pub fn ping_pong(
     s: &mut TcpStream,
     size: usize,
+    busy: bool,
     warmup: u64,
     max: u64,
     deadline: Option<Instant>,
 ) -> Result<Vec<u64>> {
+    let mut io = PingIo::new(s, busy)?;
     let mut buf = vec![0u8; size];
     fill_pattern(1, &mut buf);
     let mut back = vec![0u8; size];
@@ -133,9 +146,9 @@ pub fn ping_pong(
             break;
         }
         let t = Instant::now();
-        s.write_all(&buf)
+        io.write_all(&buf)
             .context("TCP baseline: ping (server gone?)")?;
-        s.read_exact(&mut back)
+        io.read_exact(&mut back)
             .context("TCP baseline: pong (server gone?)")?;
         let ns = t.elapsed().as_nanos() as u64;
         if i >= warmup {
@@ -143,6 +156,76 @@ pub fn ping_pong(
         }
         i += 1;
     }
-    s.shutdown(Shutdown::Write)?;
+    io.s.shutdown(Shutdown::Write)?;
     Ok(rtts)
+}
+
+/// Whole-message reads and writes of the ping-pong, blocking or spinning. A spinning side
+/// gives up after [`IO_TIMEOUT`] without progress, as a blocking one does by its socket
+/// timeouts.
+struct PingIo<'a> {
+    s: &'a mut TcpStream,
+    busy: bool,
+}
+
+impl<'a> PingIo<'a> {
+    fn new(s: &'a mut TcpStream, busy: bool) -> io::Result<PingIo<'a>> {
+        s.set_nonblocking(busy)?;
+        Ok(PingIo { s, busy })
+    }
+
+    fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        if !self.busy {
+            return self.s.read_exact(buf);
+        }
+        let mut got = 0;
+        let mut idle_since = Instant::now();
+        while got < buf.len() {
+            match self.s.read(&mut buf[got..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(k) => {
+                    got += k;
+                    idle_since = Instant::now();
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => spin_or_time_out(idle_since)?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        if !self.busy {
+            return self.s.write_all(buf);
+        }
+        let mut sent = 0;
+        let mut idle_since = Instant::now();
+        while sent < buf.len() {
+            match self.s.write(&buf[sent..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(k) => {
+                    sent += k;
+                    idle_since = Instant::now();
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => spin_or_time_out(idle_since)?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn spin_or_time_out(idle_since: Instant) -> io::Result<()> {
+    if idle_since.elapsed() > IO_TIMEOUT {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no progress for {IO_TIMEOUT:?}"),
+        ));
+    }
+    // As braid's busy poll in this benchmark does: both sides of a comparison spin alike,
+    // and on a shared machine the peer gets the core when it needs it.
+    std::thread::yield_now();
+    Ok(())
 }
