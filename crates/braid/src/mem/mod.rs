@@ -1,6 +1,8 @@
 //! Registered memory and the registry that the target side checks every access against.
 
+pub(crate) mod access;
 pub(crate) mod file;
+pub(crate) mod inner;
 pub mod region;
 pub mod registry;
 

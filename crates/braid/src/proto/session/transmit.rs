@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::Status;
-use crate::mem::file::read_fragile;
+use crate::mem::file::{crc32c_raw, read_fragile};
 use crate::proto::spans::Spans;
 use crate::wire::FrameHeader;
 use crate::wire::Opcode;
@@ -185,8 +185,9 @@ impl Session {
             let mut crc = 0;
             for &(p, l) in &payload {
                 // SAFETY: the pieces point into memory kept alive by `keep` (never file
-                // pages: those were copied just above).
-                crc = crc32c::crc32c_append(crc, unsafe { std::slice::from_raw_parts(p, l) });
+                // pages: those were copied just above); registered memory that may be
+                // written meanwhile is read through raw copies, never as a slice.
+                crc = unsafe { crc32c_raw(crc, p, l) };
             }
             hdr.crc = crc;
         }

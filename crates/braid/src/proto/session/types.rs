@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::mem::region::RegionPin;
+use crate::mem::inner::RegionPin;
 use crate::mem::region::RemoteSge;
 use crate::mem::region::Sge;
 use crate::mem::region::sgl_is_fragile;
