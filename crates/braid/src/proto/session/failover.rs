@@ -4,20 +4,14 @@
 use crate::error::Status;
 use crate::mem::file::copy_maybe_fragile;
 use crate::proto::rate::RateEstimator;
-use crate::wire::FrameHeader;
-use crate::wire::Opcode;
+use crate::wire::{FrameHeader, Opcode};
 
-use super::RxPending;
-use super::Session;
 use super::read_guard::unlog_response;
 use super::staging::StagingBuf;
 use super::target::parse_descriptor;
-use super::transmit::Frame;
-use super::transmit::response_frame;
-use super::types::Keep;
-use super::types::Placement;
-use super::types::RxAction;
-use super::{LogEntry, Sent, Staged};
+use super::transmit::{Frame, response_frame};
+use super::types::{Keep, Placement, RxAction};
+use super::{LogEntry, RxPending, Sent, Session, Staged};
 
 impl Session {
     /// The next frame of a dead rail still worth sending, with its log entry.

@@ -2,24 +2,15 @@
 
 use std::sync::Arc;
 
-use crate::error::Completion;
-use crate::error::CompletionKind;
-use crate::error::Status;
-use crate::mem::region::Access;
-use crate::mem::region::RemoteSge;
-use crate::mem::region::Sge;
-use crate::mem::region::sgl_len;
-use crate::wire::Opcode;
-use crate::wire::WireStatus;
-use crate::wire::sgl::MAX_REMOTE_SGE;
-use crate::wire::sgl::WireSge;
+use crate::error::{Completion, CompletionKind, Status};
+use crate::mem::region::{Access, RemoteSge, Sge, sgl_len};
+use crate::wire::sgl::{MAX_REMOTE_SGE, WireSge};
+use crate::wire::{Opcode, WireStatus};
 
-use super::PostedRecv;
-use super::Session;
 use super::relaxed::Disjoint;
 use super::transmit::ReqCursor;
-use super::types::PostError;
-use super::types::Request;
+use super::types::{PostError, Request};
+use super::{PostedRecv, Session};
 
 /// An operation posted here and not yet completed.
 pub(super) struct OutOp {

@@ -51,20 +51,15 @@ mod testkit;
 pub use config::SessionConfig;
 pub use types::{Placement, PostError, ProtocolError, Request, RxAction, Transmit};
 
-use std::collections::BTreeMap;
-use std::collections::HashSet;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::error::Completion;
-use crate::error::CompletionKind;
-use crate::error::Status;
+use crate::error::{Completion, CompletionKind, Status};
 use crate::mem::region::Sge;
 use crate::mem::registry::Registry;
 use crate::proto::spans::{Spans, Trailer};
-use crate::wire::FrameHeader;
-use crate::wire::Opcode;
+use crate::wire::{FrameHeader, Opcode};
 
 use self::config::MIN_CHUNK;
 
@@ -74,11 +69,8 @@ use self::read_guard::ReadGuard;
 use self::relaxed::EarlyOp;
 use self::spread::LoneOp;
 use self::staging::StagingBuf;
-use self::target::PendingDesc;
-use self::target::TargetOp;
-use self::transmit::ReqCursor;
-use self::transmit::RespCursor;
-use self::transmit::TxFrame;
+use self::target::{PendingDesc, TargetOp};
+use self::transmit::{ReqCursor, RespCursor, TxFrame};
 
 /// The per-endpoint protocol state machine (see the module documentation).
 pub struct Session {

@@ -1,19 +1,14 @@
 //! Per-rail state, acknowledgements, keepalive and liveness.
 
 use std::collections::VecDeque;
-use std::time::Duration;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::proto::rate::RateEstimator;
-use crate::wire::FrameHeader;
-use crate::wire::Opcode;
+use crate::wire::{FrameHeader, Opcode};
 
-use super::CrcCheck;
-use super::LogEntry;
-use super::RxPending;
-use super::Session;
 use super::config::IDLE_ACK_MIN;
 use super::types::Keep;
+use super::{CrcCheck, LogEntry, RxPending, Session};
 
 /// Per-rail state.
 pub(super) struct RailState {
@@ -107,15 +102,18 @@ impl Session {
         }
     }
 
-    /// Timer work; the driver calls it at least every [`SessionConfig::keepalive_interval`](super::SessionConfig::keepalive_interval).
+    /// Timer work; the driver calls it at least every [`SessionConfig::keepalive_interval`].
     /// Queues keepalives on rails that have been quiet, and returns the rails (a bit per rail)
-    /// that received nothing for [`SessionConfig::peer_timeout`](super::SessionConfig::peer_timeout): the driver fails them.
+    /// that received nothing for [`SessionConfig::peer_timeout`]: the driver fails them.
     ///
     /// Only silence this side observed counts. A gap between two calls longer than the
     /// larger of `keepalive_interval` and a quarter of `peer_timeout` means this side itself
     /// stopped (its process stopped or starved of CPU, its machine paused); the excess is
     /// not counted as the peer's silence. Both ends of a test on a loaded 2-core machine
     /// starved together for 2.7 s, and every rail was declared dead at the next tick.
+    ///
+    /// [`SessionConfig::keepalive_interval`]: super::SessionConfig::keepalive_interval
+    /// [`SessionConfig::peer_timeout`]: super::SessionConfig::peer_timeout
     pub fn on_tick(&mut self, now: Instant) -> u64 {
         let mut dead = 0;
         if self.failed.is_some() {

@@ -1,9 +1,8 @@
 //! Read guards: a read response sent from the region must return the memory as it was when
 //! the read executed, so bytes a later request modifies are copied aside first.
 
-use super::Sent;
-use super::Session;
 use super::staging::StagingBuf;
+use super::{Sent, Session};
 
 /// A read response some of whose bytes are still read from the region: chunks not handed
 /// out yet, frames being written, and frames logged for retransmission until acknowledged.

@@ -6,25 +6,14 @@ use std::time::Instant;
 use crate::error::Status;
 use crate::mem::file::crc32c_maybe_fragile;
 use crate::mem::region::sgl_is_fragile;
-use crate::wire::FrameHeader;
-use crate::wire::Opcode;
-use crate::wire::WireStatus;
-use crate::wire::frame::FLAG_ACK_REQ;
-use crate::wire::frame::FLAG_RETX;
-use crate::wire::frame::FLAG_TRAILER;
-use crate::wire::frame::HEADER_LEN;
+use crate::wire::frame::{FLAG_ACK_REQ, FLAG_RETX, FLAG_TRAILER, HEADER_LEN};
+use crate::wire::{FrameHeader, Opcode, WireStatus};
 
-use super::RxPending;
-use super::Sent;
-use super::Session;
 use super::initiator::wire_status;
 use super::read_guard::unlog_response;
-use super::sgl_pieces;
 use super::target::parse_descriptor;
-use super::types::Keep;
-use super::types::Placement;
-use super::types::ProtocolError;
-use super::types::RxAction;
+use super::types::{Keep, Placement, ProtocolError, RxAction};
+use super::{RxPending, Sent, Session, sgl_pieces};
 
 impl Session {
     /// Offers a decoded frame header that arrived on `rail`.

@@ -5,24 +5,14 @@ use std::sync::Arc;
 
 use crate::mem::region::Access;
 use crate::proto::spans::Spans;
-use crate::wire::FrameHeader;
-use crate::wire::Opcode;
-use crate::wire::WireStatus;
 use crate::wire::frame::FLAG_IMM;
+use crate::wire::{FrameHeader, Opcode, WireStatus};
 
-use super::RxPending;
-use super::Session;
-use super::Staged;
-use super::config::EARLY_MAX_AHEAD;
-use super::config::EARLY_MAX_OPS;
+use super::config::{EARLY_MAX_AHEAD, EARLY_MAX_OPS};
 use super::staging::StagingBuf;
-use super::target::Dest;
-use super::target::PendingDesc;
-use super::target::TargetOp;
-use super::types::Keep;
-use super::types::Placement;
-use super::types::ProtocolError;
-use super::types::RxAction;
+use super::target::{Dest, PendingDesc, TargetOp};
+use super::types::{Keep, Placement, ProtocolError, RxAction};
+use super::{RxPending, Session, Staged};
 
 /// A write of the peer placed (in part) ahead of its turn: what its first early chunk
 /// established, so that the chunks agree and its execution uses the same access check.

@@ -2,32 +2,18 @@
 
 use std::sync::Arc;
 
-use crate::error::Completion;
-use crate::error::CompletionKind;
-use crate::error::Status;
-use crate::mem::region::Access;
-use crate::mem::region::sgl_is_fragile;
-use crate::proto::spans::Spans;
-use crate::proto::spans::Trailer;
-use crate::wire::FrameHeader;
-use crate::wire::Opcode;
-use crate::wire::WireStatus;
-use crate::wire::frame::FLAG_EARLY;
-use crate::wire::frame::FLAG_IMM;
+use crate::error::{Completion, CompletionKind, Status};
+use crate::mem::region::{Access, sgl_is_fragile};
+use crate::proto::spans::{Spans, Trailer};
+use crate::wire::frame::{FLAG_EARLY, FLAG_IMM};
 use crate::wire::sgl::WireSge;
+use crate::wire::{FrameHeader, Opcode, WireStatus};
 
-use super::PostedRecv;
-use super::RxPending;
-use super::Session;
-use super::Staged;
 use super::read_guard::ReadGuard;
-use super::sgl_pieces;
 use super::staging::StagingBuf;
 use super::transmit::RespCursor;
-use super::types::Keep;
-use super::types::Placement;
-use super::types::ProtocolError;
-use super::types::RxAction;
+use super::types::{Keep, Placement, ProtocolError, RxAction};
+use super::{PostedRecv, RxPending, Session, Staged, sgl_pieces};
 
 /// The peer's request currently being executed here (always request number `frontier`).
 pub(super) struct TargetOp {

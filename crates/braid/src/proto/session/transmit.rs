@@ -7,23 +7,12 @@ use std::time::Instant;
 use crate::error::Status;
 use crate::mem::file::{crc32c_raw, read_fragile};
 use crate::proto::spans::Spans;
-use crate::wire::FrameHeader;
-use crate::wire::Opcode;
-use crate::wire::WireStatus;
-use crate::wire::frame::FLAG_ACK_REQ;
-use crate::wire::frame::FLAG_EARLY;
-use crate::wire::frame::FLAG_IMM;
-use crate::wire::frame::FLAG_RETX;
-use crate::wire::frame::FLAG_TRAILER;
-use crate::wire::frame::HEADER_LEN;
+use crate::wire::frame::{FLAG_ACK_REQ, FLAG_EARLY, FLAG_IMM, FLAG_RETX, FLAG_TRAILER, HEADER_LEN};
+use crate::wire::{FrameHeader, Opcode, WireStatus};
 
-use super::LogEntry;
-use super::Sent;
-use super::Session;
-use super::sgl_pieces;
 use super::staging::StagingBuf;
-use super::types::Keep;
-use super::types::Transmit;
+use super::types::{Keep, Transmit};
+use super::{LogEntry, Sent, Session, sgl_pieces};
 
 /// Transmit cursor over the requests whose frames are not all handed to rails yet.
 pub(super) struct ReqCursor {

@@ -1,11 +1,10 @@
-//! The types the driver exchanges with a session: posts, frames to transmit, placements, and errors.
+//! The types the driver exchanges with a session: posts, frames to transmit, placements,
+//! errors.
 
 use std::sync::Arc;
 
 use crate::mem::inner::RegionPin;
-use crate::mem::region::RemoteSge;
-use crate::mem::region::Sge;
-use crate::mem::region::sgl_is_fragile;
+use crate::mem::region::{RemoteSge, Sge, sgl_is_fragile};
 use crate::proto::spans::Spans;
 use crate::wire::Opcode;
 use crate::wire::frame::HEADER_LEN;
@@ -244,9 +243,13 @@ unsafe impl Send for Placement {}
 pub enum RxAction {
     /// Handled; no payload follows.
     Done,
-    /// Read the payload into these places, then call [`Session::payload_done`](super::Session::payload_done).
+    /// Read the payload into these places, then call [`Session::payload_done`].
+    ///
+    /// [`Session::payload_done`]: super::Session::payload_done
     Place(Placement),
-    /// Read the payload and drop it, then call [`Session::payload_done`](super::Session::payload_done).
+    /// Read the payload and drop it, then call [`Session::payload_done`].
+    ///
+    /// [`Session::payload_done`]: super::Session::payload_done
     Discard,
     /// Not executable yet: keep the header, stop reading this rail, and offer the same
     /// header again when [`Session::take_rx_retry`](super::Session::take_rx_retry) names the rail.
