@@ -13,7 +13,6 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use crate::error::Error;
-use crate::mem::region::page_size;
 
 /// The file behind a file region: a duplicate of the caller's descriptor (so the size can be
 /// asked for as long as the region lives) and the file offset of the region's first byte.
@@ -55,6 +54,13 @@ impl Drop for FileMap {
         // region that owns this map.
         unsafe { libc::munmap(self.map_ptr.cast(), self.map_len) };
     }
+}
+
+/// The system's page size (4096 if it cannot be asked).
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { 4096 }
 }
 
 /// Maps `[offset, offset + len)` of `file` `MAP_SHARED`; returns the map and the pointer to
@@ -257,6 +263,33 @@ pub(crate) unsafe fn copy_maybe_fragile(
     true
 }
 
+/// Bytes [`crc32c_raw`] copies out and sums at a time: small enough to stay in the first
+/// level cache between the copy and the sum.
+const CRC_BLOCK: usize = 16 << 10;
+
+/// CRC32C of `len` bytes of registered memory at `ptr` that a peer (or the local user) may
+/// be writing meanwhile. Following the rule of [`crate::mem::region`], no `&[u8]` is ever
+/// formed over such memory: the bytes are copied out a block at a time with the raw copy
+/// [`crate::Region::read_at`] uses, and each private block is summed. A concurrent write
+/// makes the sum that of some mix of old and new bytes (which the peer's check then reports
+/// as corruption), as with a NIC computing a CRC over memory being written.
+///
+/// # Safety
+/// `ptr` must be `len` bytes of mapped memory that is not file pages (see
+/// [`crc32c_maybe_fragile`] for those).
+pub(crate) unsafe fn crc32c_raw(crc: u32, ptr: *const u8, len: usize) -> u32 {
+    let mut buf = [0u8; CRC_BLOCK];
+    let (mut off, mut crc) = (0, crc);
+    while off < len {
+        let n = CRC_BLOCK.min(len - off);
+        // SAFETY: off + n <= len (the caller's range); `buf` is private and n <= its size.
+        unsafe { std::ptr::copy_nonoverlapping(ptr.add(off), buf.as_mut_ptr(), n) };
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        off += n;
+    }
+    crc
+}
+
 /// CRC32C of `len` bytes at `ptr`, read without loads when `fragile`; `None` if a page
 /// could not be read.
 ///
@@ -270,9 +303,7 @@ pub(crate) unsafe fn crc32c_maybe_fragile(
 ) -> Option<u32> {
     if !fragile {
         // SAFETY: the caller's contract.
-        return Some(crc32c::crc32c_append(crc, unsafe {
-            std::slice::from_raw_parts(ptr, len)
-        }));
+        return Some(unsafe { crc32c_raw(crc, ptr, len) });
     }
     let mut buf = vec![0u8; len.min(64 << 10)];
     let (mut off, mut crc) = (0, crc);
@@ -286,4 +317,64 @@ pub(crate) unsafe fn crc32c_maybe_fragile(
         off += n;
     }
     Some(crc)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::mem::region::{Access, Region};
+    use crate::mem::registry::Registry;
+
+    use super::{CRC_BLOCK, crc32c_maybe_fragile, crc32c_raw};
+
+    #[test]
+    fn raw_crc_matches_across_block_boundaries_and_continues() {
+        let data: Vec<u8> = (0..4 * CRC_BLOCK + 17)
+            .map(|i| (i * 31 % 257) as u8)
+            .collect();
+        for len in [0, 1, CRC_BLOCK - 1, CRC_BLOCK, CRC_BLOCK + 1, data.len()] {
+            let want = crc32c::crc32c(&data[..len]);
+            // SAFETY: `data` has at least `len` bytes.
+            assert_eq!(unsafe { crc32c_raw(0, data.as_ptr(), len) }, want, "{len}");
+            // SAFETY: as above.
+            let got = unsafe { crc32c_maybe_fragile(0, data.as_ptr(), len, false) };
+            assert_eq!(got, Some(want));
+            let (a, b) = data[..len].split_at(len / 3);
+            // SAFETY: both halves lie within `data`.
+            let split =
+                unsafe { crc32c_raw(crc32c_raw(0, a.as_ptr(), a.len()), b.as_ptr(), b.len()) };
+            assert_eq!(split, want, "continued at {}", len / 3);
+        }
+    }
+
+    /// The CRC path reads registered memory that another thread writes at the same time
+    /// (here with the bytes it already holds, so the sum is known).
+    #[test]
+    fn raw_crc_over_memory_being_written() {
+        const LEN: usize = 3 * CRC_BLOCK + 5;
+        let reg = Arc::new(Registry::default());
+        let r = Region::allocate_in(&reg, LEN, Access::all()).unwrap();
+        let data: Vec<u8> = (0..LEN).map(|i| (i % 199) as u8).collect();
+        r.write_at(0, &data).unwrap();
+        let want = crc32c::crc32c(&data);
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (r, data, stop) = (r.clone(), data.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    r.write_at(0, &data).unwrap();
+                }
+            })
+        };
+        // SAFETY: test-only raw pointer to the region, alive for the loop.
+        let ptr = unsafe { r.as_mut_ptr() } as *const u8;
+        for _ in 0..200 {
+            // SAFETY: the region has LEN bytes and outlives the loop.
+            assert_eq!(unsafe { crc32c_raw(0, ptr, LEN) }, want);
+        }
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+    }
 }

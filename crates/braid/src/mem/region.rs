@@ -5,7 +5,6 @@
 //! atomic view of an aligned word. Raw access is `unsafe` and documented as such.
 
 use std::fmt;
-use std::ops::{BitOr, BitOrAssign};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -13,74 +12,11 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::Error;
-use crate::mem::file::{FileMap, read_fragile, write_fragile};
+pub use crate::mem::access::Access;
+use crate::mem::file::{FileMap, page_size, read_fragile, write_fragile};
+use crate::mem::inner::Backing;
+use crate::mem::inner::RegionInner;
 use crate::mem::registry::Registry;
-
-/// Access rights of a region, combined with `|`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Access(u32);
-
-impl Access {
-    /// No rights beyond being a local source of writes and sends.
-    pub const NONE: Access = Access(0);
-    /// braid may write into the region locally: needed as the destination of a read or a receive.
-    pub const LOCAL_WRITE: Access = Access(1 << 0);
-    /// Peers may read the region.
-    pub const REMOTE_READ: Access = Access(1 << 1);
-    /// Peers may write the region.
-    pub const REMOTE_WRITE: Access = Access(1 << 2);
-    /// Peers may run atomics on the region's aligned 8-byte words.
-    pub const REMOTE_ATOMIC: Access = Access(1 << 3);
-
-    /// Every right.
-    pub const fn all() -> Access {
-        Access(0b1111)
-    }
-
-    /// True when every right in `other` is present in `self`.
-    pub const fn contains(self, other: Access) -> bool {
-        self.0 & other.0 == other.0
-    }
-
-    /// True when any remote right is present.
-    pub const fn is_remote(self) -> bool {
-        self.0 & (Self::REMOTE_READ.0 | Self::REMOTE_WRITE.0 | Self::REMOTE_ATOMIC.0) != 0
-    }
-}
-
-impl BitOr for Access {
-    type Output = Access;
-    fn bitor(self, rhs: Access) -> Access {
-        Access(self.0 | rhs.0)
-    }
-}
-
-impl BitOrAssign for Access {
-    fn bitor_assign(&mut self, rhs: Access) {
-        self.0 |= rhs.0;
-    }
-}
-
-impl fmt::Debug for Access {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names = [
-            (Access::LOCAL_WRITE, "LOCAL_WRITE"),
-            (Access::REMOTE_READ, "REMOTE_READ"),
-            (Access::REMOTE_WRITE, "REMOTE_WRITE"),
-            (Access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
-        ];
-        let set: Vec<&str> = names
-            .iter()
-            .filter(|(a, _)| self.contains(*a))
-            .map(|(_, n)| *n)
-            .collect();
-        if set.is_empty() {
-            write!(f, "NONE")
-        } else {
-            write!(f, "{}", set.join("|"))
-        }
-    }
-}
 
 /// What a peer needs to reach a region: its key and its length.
 ///
@@ -128,105 +64,6 @@ impl RemoteKey {
 impl fmt::Debug for RemoteKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "RemoteKey({:#018x}, len {})", self.key, self.len)
-    }
-}
-
-/// How a region's memory was obtained.
-enum Backing {
-    /// braid mapped it and unmaps it when the last reference goes.
-    Mapped { map_len: usize },
-    /// The caller owns it (see [`crate::Context::register`]).
-    Borrowed,
-    /// Pages of a file, mapped `MAP_SHARED` (see [`crate::Context::register_file`]); the map
-    /// is undone when the last reference goes.
-    File(FileMap),
-}
-
-/// The memory and bookkeeping behind a region, shared by every handle and in-flight operation.
-pub(crate) struct RegionInner {
-    ptr: *mut u8,
-    len: usize,
-    access: Access,
-    key: u64,
-    backing: Backing,
-    /// Remote operations currently using the region at this side.
-    pins: Mutex<usize>,
-    unpinned: Condvar,
-}
-
-// SAFETY: the pointer is only dereferenced through methods that document their
-// concurrency contract; the memory is not tied to any thread.
-unsafe impl Send for RegionInner {}
-// SAFETY: as above; all bookkeeping is behind a mutex.
-unsafe impl Sync for RegionInner {}
-
-impl Drop for RegionInner {
-    fn drop(&mut self) {
-        if let Backing::Mapped { map_len } = self.backing {
-            // SAFETY: ptr/map_len came from a successful mmap; no reference outlives `self`.
-            unsafe { libc::munmap(self.ptr.cast(), map_len) };
-        }
-    }
-}
-
-impl RegionInner {
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-    pub(crate) fn access(&self) -> Access {
-        self.access
-    }
-    /// The file behind a file region.
-    pub(crate) fn file(&self) -> Option<&FileMap> {
-        match &self.backing {
-            Backing::File(f) => Some(f),
-            _ => None,
-        }
-    }
-    /// True for file pages, which truncation can take away: braid touches them only through
-    /// system calls (see [`crate::mem::file`]).
-    pub(crate) fn is_file(&self) -> bool {
-        matches!(self.backing, Backing::File(_))
-    }
-    /// Pointer to byte `offset`. The caller has checked `offset <= len`.
-    pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
-        debug_assert!(offset <= self.len);
-        // SAFETY: offset is within the mapping (or one past its end).
-        unsafe { self.ptr.add(offset) }
-    }
-}
-
-/// A remote operation's hold on a region: memory stays mapped, and deregistration of
-/// caller-owned memory waits, until every pin is dropped.
-pub(crate) struct RegionPin(Arc<RegionInner>);
-
-impl RegionPin {
-    pub(crate) fn new(inner: Arc<RegionInner>) -> RegionPin {
-        *inner.pins.lock() += 1;
-        RegionPin(inner)
-    }
-}
-
-impl Clone for RegionPin {
-    fn clone(&self) -> RegionPin {
-        RegionPin::new(self.0.clone())
-    }
-}
-
-impl std::ops::Deref for RegionPin {
-    type Target = RegionInner;
-    fn deref(&self) -> &RegionInner {
-        &self.0
-    }
-}
-
-impl Drop for RegionPin {
-    fn drop(&mut self) {
-        let mut pins = self.0.pins.lock();
-        *pins -= 1;
-        if *pins == 0 {
-            self.0.unpinned.notify_all();
-        }
     }
 }
 
@@ -690,12 +527,6 @@ impl From<&Region> for Sge {
 /// Total bytes named by a list of entries.
 pub(crate) fn sgl_len(sgl: &[Sge]) -> u64 {
     sgl.iter().map(|s| s.len as u64).sum()
-}
-
-pub(crate) fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 { p as usize } else { 4096 }
 }
 
 #[cfg(test)]

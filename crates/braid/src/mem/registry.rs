@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
-use crate::mem::region::{Access, RegionInner, RegionPin};
+use crate::mem::access::Access;
+use crate::mem::inner::{RegionInner, RegionPin};
 use crate::wire::WireStatus;
 
 /// Maps remote keys to regions; the target side of every remote access looks here.

@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
+use crate::mem::access::Access;
 use crate::mem::file::{copy_maybe_fragile, read_fragile};
-use crate::mem::region::{Access, RegionPin};
+use crate::mem::inner::RegionPin;
 use crate::mem::registry::{FileEnds, Registry};
 use crate::wire::WireStatus;
 use crate::wire::sgl::WireSge;

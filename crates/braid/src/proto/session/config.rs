@@ -1,0 +1,96 @@
+//! Tunables of a session and the protocol's fixed limits.
+
+use std::time::Duration;
+
+/// Tunables of a session.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Largest payload of one chunk frame (default 1 MiB; smaller chunks cost more system
+    /// calls per byte, see the benchmark notes in the README).
+    pub chunk_size: usize,
+    /// Most operations posted and not yet completed.
+    pub max_outstanding: usize,
+    /// Most receives posted and not yet consumed.
+    pub max_recv: usize,
+    /// Window of a rail whose rate is not known yet (default 1 MiB; at least `min_window`).
+    /// A larger first burst overflowed a shaped link's queue: 2 MiB on a 250 Mbit/s rail lost
+    /// packets at start and stalled that rail (and the writes waiting for it) for a 200 ms
+    /// TCP retransmission timeout.
+    pub initial_window: u64,
+    /// Smallest window of a rail (default 1 MiB: above rate x delay up to ~2 Gbit/s, and
+    /// more than a shaped 1 Gbit/s link queues). A rail's chunks are at most a quarter of its
+    /// window, so lowering this (e.g. to 128 KiB) gives slow rails proportionally smaller
+    /// windows and chunks when rails differ in speed.
+    pub min_window: u64,
+    /// Largest window of a rail.
+    pub max_window: u64,
+    /// Queueing delay each rail's window aims at (window = rate x delay; default 4 ms).
+    /// Strict placement needs shallow windows: the target executes in order, so every rail
+    /// waits behind the chunk a deeper queue holds back on another.
+    pub target_delay: Duration,
+    /// The same with [`SessionConfig::relaxed_placement`] (default 16 ms). Chunks placed on
+    /// arrival wait for no other rail, so a deeper window costs no throughput, and it halves
+    /// the acknowledgements and receiver wake-ups per byte (chunks are a quarter of the
+    /// window): on 4 x 1 Gbit/s the receiver's CPU per GB fell by about a tenth, where strict
+    /// placement with this depth lost a quarter of its throughput (README, "Goals").
+    pub relaxed_target_delay: Duration,
+    /// Unacknowledged received bytes on a rail after which an explicit acknowledgement is
+    /// sent unasked (default 4 MiB). A backstop: the sending side asks for acknowledgements
+    /// twice per window (`FLAG_ACK_REQ`), a rail that goes quiet is acknowledged at once, and
+    /// every frame sent carries the acknowledgement too.
+    pub ack_threshold: u64,
+    /// Carry a CRC32C of every frame payload, checked before the operation completes.
+    /// Negotiated at connection time: on when either side asks for it.
+    pub payload_crc: bool,
+    /// After a rail failure, most bytes of later requests that may be held in memory while an
+    /// earlier request's retransmission is awaited (see the module docs).
+    pub max_staged: u64,
+    /// A rail that has sent nothing for this long sends a keepalive.
+    pub keepalive_interval: Duration,
+    /// A rail that has received nothing for this long (while not stalled by braid itself)
+    /// is declared dead: the peer crashed, hangs, or the link is gone.
+    pub peer_timeout: Duration,
+    /// Relaxed placement (like verbs' `IBV_ACCESS_RELAXED_ORDERING`; default off). A write
+    /// whose target range no earlier outstanding operation of this side touches (every
+    /// earlier one is a write to the same key at a disjoint range) may be placed by the
+    /// target as soon as its chunks arrive, ahead of the requests before it. Completions,
+    /// reads, atomics and sends keep their order, and whatever is observed through them is
+    /// unchanged; only a target that polls memory for a flag written after data may see the
+    /// flag first. Lets rails of different speeds run at their own rates, where strict
+    /// placement ties every rail to the slowest (it stalls them behind its chunk).
+    pub relaxed_placement: bool,
+}
+
+impl Default for SessionConfig {
+    fn default() -> SessionConfig {
+        SessionConfig {
+            chunk_size: 1 << 20,
+            max_outstanding: 1024,
+            max_recv: 1024,
+            initial_window: 1 << 20,
+            min_window: 1 << 20,
+            max_window: 32 << 20,
+            target_delay: Duration::from_millis(4),
+            relaxed_target_delay: Duration::from_millis(16),
+            ack_threshold: 4 << 20,
+            payload_crc: false,
+            max_staged: 256 << 20,
+            keepalive_interval: Duration::from_millis(250),
+            peer_timeout: Duration::from_secs(3),
+            relaxed_placement: false,
+        }
+    }
+}
+
+/// Most writes placed ahead of their turn at once, and how far ahead of the next request to
+/// execute; beyond either the rail stalls as under strict placement.
+pub(super) const EARLY_MAX_OPS: usize = 1024;
+
+pub(super) const EARLY_MAX_AHEAD: u64 = 1 << 16;
+
+/// Smallest chunk a slow rail is given (see `Session::chunk_for`).
+pub(super) const MIN_CHUNK: u64 = 64 << 10;
+
+/// Unacknowledged bytes that make an idle receiver acknowledge (see `Session::on_rx_idle`);
+/// windows are never smaller than four times this.
+pub(super) const IDLE_ACK_MIN: u64 = 16 << 10;
