@@ -390,10 +390,14 @@ impl Endpoint {
             // A send that waited (staged after a failover) may have completed into this
             // receive just now: its completion is delivered here, its Done sent by the engine.
             self.shared.deliver(&mut s);
-            s.rx_retry_pending() || (0..self.shared.rails.len()).any(|r| s.wants_transmit(r))
+            s.rx_retry_pending()
+                || ((0..self.shared.rails.len()).any(|r| s.wants_transmit(r))
+                    && !self.shared.polled_inline())
         };
         if kick {
-            // A rail was stalled waiting for a receive, or frames wait: the engine resumes.
+            // A rail was stalled waiting for a receive, or frames wait and no polling
+            // thread will send them soon: the engine resumes. (Reposting a receive after
+            // each message must not wake the engine thread each time.)
             self.engine.send(Command::Kick(self.shared.id));
         }
         Ok(())

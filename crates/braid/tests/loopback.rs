@@ -455,3 +455,36 @@ fn a_partly_written_frame_resumes_when_the_session_has_nothing_more() {
     }
     assert!(target.to_vec(0, LEN).unwrap() == data);
 }
+
+/// A receiver that busy-polls, and reposts its receive from the polling loop, leaves the
+/// `Done` of each message to its next poll rather than waking the engine (the repost of a
+/// DSM-style service loop); when it then stops polling without sleeping in `wait`, the
+/// engine still sends that `Done`, so the sender's send completes (bounded wait).
+#[test]
+fn sends_complete_when_the_polling_receiver_stops_after_reposting() {
+    let p = pair(2);
+    let rbuf = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
+    let src = p.client_ctx.alloc_region(4096, Access::all()).unwrap();
+    p.server
+        .post_recv(1000, &[rbuf.slice(0, 64).unwrap()])
+        .unwrap();
+    for i in 0..50u64 {
+        src.write_at(0, &pattern(i, 64)).unwrap();
+        p.client.send(i, &[src.slice(0, 64).unwrap()]).unwrap();
+        let start = std::time::Instant::now();
+        let c = loop {
+            if let Some(c) = p.server_cq.poll() {
+                break c;
+            }
+            assert!(start.elapsed() < WAIT, "message {i} not received");
+            std::hint::spin_loop();
+        };
+        assert_eq!((c.wr_id, c.status), (1000, Status::Success), "{c:?}");
+        assert_eq!(rbuf.to_vec(0, 64).unwrap(), pattern(i, 64));
+        p.server
+            .post_recv(1000, &[rbuf.slice(0, 64).unwrap()])
+            .unwrap();
+        // Nobody polls the server's queue now: the engine must take the Done over.
+        expect_ok(&p.client_cq, i);
+    }
+}

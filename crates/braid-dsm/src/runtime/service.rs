@@ -388,8 +388,11 @@ impl Service {
                             .map_err(|e| DsmError::Failed(format!("rank {peer}: {e}")))?
                     }
                 };
-                self.tx.repost(peer, i)?;
+                // Serve first, repost after: the receive's buffer has been copied out (a
+                // grant's page is in its staging slot), and the braid acknowledgement of
+                // the message then leaves with whatever the handling sent to `peer`.
                 self.message(peer, msg)?;
+                self.tx.repost(peer, i)?;
             }
             WR_CTRL | WR_PAGE => self.tx.sent(kind, (c.wr_id & 0xFFFF_FFFF) as u32),
             WR_ATOMIC => {

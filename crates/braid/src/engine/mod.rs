@@ -59,6 +59,9 @@ pub(crate) struct RailIo {
     /// session then may have nothing for this rail (all handed out, or its window full),
     /// so the writable edge must resume the rail on this flag alone.
     tx_blocked: AtomicBool,
+    /// The engine has left this rail's reads to a polling thread (see
+    /// [`EndpointShared::polled_inline`]).
+    muted: AtomicBool,
     tx: Mutex<TxState>,
     rx: Mutex<RxCore>,
 }
@@ -95,6 +98,7 @@ impl RailIo {
         RailIo {
             fd: AtomicI32::new(stream.as_raw_fd()),
             tx_blocked: AtomicBool::new(false),
+            muted: AtomicBool::new(false),
             tx: Mutex::new(TxState {
                 stream,
                 batch: std::collections::VecDeque::new(),
@@ -882,6 +886,9 @@ impl EngineLoop {
     fn mute(&mut self, ep: &EndpointShared) {
         if !self.muted.contains(&ep.id) {
             self.set_interest(ep, Interest::WRITABLE);
+            for r in &ep.rails {
+                r.muted.store(true, Ordering::Release);
+            }
             self.muted.push(ep.id);
         }
     }
@@ -901,6 +908,9 @@ impl EngineLoop {
                 continue;
             }
             self.set_interest(&ep, Interest::READABLE | Interest::WRITABLE);
+            for r in &ep.rails {
+                r.muted.store(false, Ordering::Release);
+            }
             for rail in 0..ep.rails.len() {
                 ep.rx_run(rail);
             }
@@ -1069,6 +1079,15 @@ impl EndpointShared {
     fn app_polling(&self, now_ns: u64) -> bool {
         let at = self.app_polled.load(Ordering::Acquire);
         at != 0 && now_ns.saturating_sub(at) < APP_POLL_HOLD_NS
+    }
+
+    /// True while an application thread drives this endpoint by polling and the engine
+    /// has left the reads to it: frames that wait to be sent (the `Done` of a receive,
+    /// say) go out with that thread's next poll or post, or with the engine's check
+    /// within [`APP_POLL_HOLD_NS`] of the last poll, so the engine need not be woken for
+    /// them now.
+    pub(crate) fn polled_inline(&self) -> bool {
+        self.rails.iter().all(|r| r.muted.load(Ordering::Acquire)) && self.app_polling(clock_ns())
     }
 }
 
