@@ -1,0 +1,26 @@
+/*
+ * Red-black SOR, the plain sequential program (the speedup baseline of sor_dsm.c).
+ *   sor_seq --n N --iters K
+ * Prints one JSON line: time of initialisation + K iterations, and the hash of the grid
+ * that sor_dsm --expect compares with.
+ */
+#include "common.h"
+#include "sor.h"
+
+int main(int argc, char **argv) {
+    static const char *const known[] = {"--n", "--iters", NULL};
+    opt_check(argc, argv, known);
+    long n = opt_long(argc, argv, "--n", 1024), iters = opt_long(argc, argv, "--iters", 100);
+    if (n < 3) { fprintf(stderr, "sor_seq: --n must be >= 3\n"); return 64; }
+    long ld = page_stride(n, sizeof(double));
+    double *u = aligned_alloc(4096, (size_t)n * (size_t)ld * sizeof(double));
+    if (!u) { perror("sor_seq: aligned_alloc"); return 1; }
+    double t0 = now_s();
+    sor_sequential(u, n, ld, iters);
+    double t = now_s() - t0;
+    printf("{\"app\":\"sor\",\"mode\":\"seq\",\"n\":%ld,\"iters\":%ld,\"seconds\":%.4f,"
+           "\"hash\":\"0x%016" PRIx64 "\",\"center\":%.17g}\n",
+           n, iters, t, sor_hash(u, n, ld), u[(n / 2) * ld + n / 2]);
+    free(u);
+    return 0;
+}
