@@ -22,19 +22,34 @@ static inline double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* A 64-bit hash of `bytes` bytes (a multiple of 8): equal results give equal hashes, and
- * any changed bit changes it with overwhelming probability. Used to compare a DSM run
- * with the sequential program bit for bit without keeping both results. */
+/* CPU seconds of the calling thread (what it computed, without the time it waited or
+ * was preempted: the difference to wall time shows contention for the cores). */
+static inline double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A 64-bit hash of `bytes` bytes: equal results give equal hashes, and any changed bit
+ * changes it with overwhelming probability. Used to compare a DSM run with the
+ * sequential program bit for bit without keeping both results. */
 static inline uint64_t hash_words(const void *p, size_t bytes) {
-    const uint64_t *w = (const uint64_t *)p;
+    const unsigned char *b = (const unsigned char *)p;
     uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < bytes / 8; i++) {
-        uint64_t x;
-        memcpy(&x, w + i, 8);
+    for (size_t i = 0; i < bytes; i += 8) {
+        uint64_t x = 0;
+        memcpy(&x, b + i, bytes - i < 8 ? bytes - i : 8);
         h ^= x;
         h *= 0x100000001b3ull;
         h ^= h >> 29;
     }
+    return h;
+}
+
+/* The hash of a whole result from its rows' hashes (what every program prints). */
+static inline uint64_t hash_rows(const uint64_t *row_hash, long n) {
+    uint64_t h = 0;
+    for (long i = 0; i < n; i++) h = h * 31 + row_hash[i];
     return h;
 }
 

@@ -38,11 +38,7 @@ static inline long mandel_tasks(long h, long rows) { return (h + rows - 1) / row
 
 static inline uint64_t mandel_hash(const uint32_t *img, long w, long h, long ld) {
     uint64_t hs = 0;
-    for (long y = 0; y < h; y++) {
-        /* rows are padded to pages, so hashing whole 8-byte words of w values is safe
-         * when w is odd too: the pad word is zero in every program. */
-        hs = hs * 31 + hash_words(img + y * ld, (size_t)((w + 1) / 2) * 8);
-    }
+    for (long y = 0; y < h; y++) hs = hs * 31 + hash_words(img + y * ld, (size_t)w * 4);
     return hs;
 }
 

@@ -27,9 +27,9 @@ BRAID = os.path.join(ROOT, "target", "release", "braid")
 
 # Full sizes: SOR sized for about 20 s sequentially on this machine (2-core VM).
 FULL = {
-    "sor": ["--n", "8192", "--iters", "60"],
-    "matmul": ["--n", "2048"],
-    "mandel": ["--w", "4096", "--h", "4096", "--rows", "8", "--iters", "2000"],
+    "sor": ["--n", "8192", "--iters", "70"],
+    "matmul": ["--n", "2560"],
+    "mandel": ["--w", "2048", "--h", "2048", "--rows", "8", "--iters", "2000"],
 }
 SMALL = {
     "sor": ["--n", "1024", "--iters", "40"],

@@ -320,6 +320,8 @@ fn capi_stats() -> R {
     // SAFETY: as above.
     let v = unsafe { p.add(rank as usize * 2 * words + 5).read_volatile() };
     check(v == 5, format!("read back {v}"))?;
+    // Every rank's page has come (and so was sent) before anyone reads the counters.
+    check(braid_dsm_barrier() == 0, "barrier")?;
     let mut buf = vec![0 as c_char; 4096];
     // SAFETY: a buffer of buf.len() bytes.
     let n = unsafe { braid_dsm_stats_json(buf.as_mut_ptr(), buf.len()) };
