@@ -39,6 +39,7 @@ check_app() {
 }
 
 check_app sor --n 300 --iters 20
+check_app sor --n 98 --iters 7
 check_app matmul --n 200
 check_app mandel --w 300 --h 200 --rows 3 --iters 300
 
