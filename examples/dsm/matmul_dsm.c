@@ -3,9 +3,11 @@
  * of rows; rank r initialises its rows of A and B and computes its rows of C, so A and C
  * never move and each rank fetches the other ranks' rows of B once (read copies).
  *   braid run -n 2 -- matmul_dsm --n N [--prefetch T] [--expect HASH]
- * --prefetch T (default 4): T extra threads touch the other ranks' pages of B before the
- * multiply, so T page faults are in flight at a time instead of one (the fault latency,
- * not the rails, bounds a single thread's fetch rate). Checks C bit for bit against HASH
+ * --prefetch T (default 8): T extra threads read the other ranks' pages of B, in the
+ * order the multiply needs them, while it runs: T page faults are in flight at a time
+ * instead of one (the fault latency, not the rails, bounds a single thread's fetch
+ * rate), and the transfer overlaps with the computation (rank 0 starts on its own rows of
+ * B; the others' multiply finds the pages it reaches already fetched or on the way). Checks C bit for bit against HASH
  * (matmul_seq's) or, without it, against a sequential run on rank 0 after the timed part.
  * Exit 2 on a mismatch.
  */
@@ -15,32 +17,29 @@
 #include "dsm_util.h"
 #include "matmul.h"
 
-struct touch { const volatile char *p; size_t pages; long t, nt; };
+#define MAX_PREFETCH 64
+
+/* A prefetch thread: reads one byte of pages t, t + nt, ... of two ranges in turn. */
+struct touch {
+    const volatile char *p[2];
+    size_t pages[2];
+    long t, nt;
+    double end; /* when it finished */
+};
 
 static void *toucher(void *arg) {
     struct touch *w = arg;
-    for (size_t i = (size_t)w->t; i < w->pages; i += (size_t)w->nt) (void)w->p[i * 4096];
+    for (int r = 0; r < 2; r++)
+        for (size_t i = (size_t)w->t; i < w->pages[r]; i += (size_t)w->nt) (void)w->p[r][i * 4096];
+    w->end = now_s();
     return NULL;
-}
-
-/* Reads one byte of every page in [p, p + bytes) with `nt` threads (read faults in flight
- * together); returns when all are in. */
-static void prefetch(const void *p, size_t bytes, long nt) {
-    if (nt <= 0 || bytes == 0) return;
-    pthread_t th[64];
-    struct touch w[64];
-    if (nt > 64) nt = 64;
-    for (long t = 0; t < nt; t++) {
-        w[t] = (struct touch){(const volatile char *)p, (bytes + 4095) / 4096, t, nt};
-        if (pthread_create(&th[t], NULL, toucher, &w[t]) != 0) { perror("pthread_create"); exit(1); }
-    }
-    for (long t = 0; t < nt; t++) pthread_join(th[t], NULL);
 }
 
 int main(int argc, char **argv) {
     static const char *const known[] = {"--n", "--prefetch", "--expect", NULL};
     opt_check(argc, argv, known);
-    long n = opt_long(argc, argv, "--n", 512), nt = opt_long(argc, argv, "--prefetch", 4);
+    long n = opt_long(argc, argv, "--n", 512), nt = opt_long(argc, argv, "--prefetch", 8);
+    if (nt > MAX_PREFETCH) { fprintf(stderr, "matmul_dsm: at most %d prefetch threads\n", MAX_PREFETCH); return 64; }
     if (n < 1) { fprintf(stderr, "matmul_dsm: --n must be >= 1\n"); return 64; }
     uint64_t want = 0;
     int have_want = opt_expect(argc, argv, &want);
@@ -57,12 +56,23 @@ int main(int argc, char **argv) {
     mm_init_rows(a, b, n, ld, lo, hi);
     dsm_barrier();
     double t_init = now_s() - t0;
+    /* The other ranks' rows of B, in the multiply's order: before ours, then after. */
     double t_fetch = now_s();
-    /* The other ranks' rows of B: before ours and after ours. */
-    prefetch(b, (size_t)lo * (size_t)ld * 8, nt);
-    prefetch(b + hi * ld, (size_t)(n - hi) * (size_t)ld * 8, nt);
-    t_fetch = now_s() - t_fetch;
+    pthread_t th[MAX_PREFETCH];
+    struct touch w[MAX_PREFETCH];
+    for (long i = 0; i < nt; i++) {
+        w[i] = (struct touch){{(const volatile char *)b, (const volatile char *)(b + hi * ld)},
+                              {(size_t)lo * (size_t)ld / 512, (size_t)(n - hi) * (size_t)ld / 512},
+                              i, nt, 0.0};
+        if (pthread_create(&th[i], NULL, toucher, &w[i]) != 0) { perror("pthread_create"); return 1; }
+    }
     mm_rows(a, b, c, n, ld, lo, hi);
+    double fetched = t_fetch;
+    for (long i = 0; i < nt; i++) {
+        pthread_join(th[i], NULL);
+        if (w[i].end > fetched) fetched = w[i].end;
+    }
+    t_fetch = fetched - t_fetch;
     dsm_barrier();
     double t = now_s() - t0, cpu = thread_cpu_s() - c0;
     dsm_timed_end();

@@ -38,21 +38,28 @@ static inline void sor_init_rows(double *r, double *b, long n, long ld, long lo,
         }
 }
 
+/* Updates colour c's points (array x) of interior row i (0 < i < n - 1) with k in
+ * [kb, ke), from the other colour's array y. */
+static inline void sor_row(double *restrict x, const double *restrict y, long n, long ld, long i,
+                           int c, long kb, long ke) {
+    const double w = SOR_OMEGA, w4 = SOR_OMEGA / 4.0;
+    long j0 = (i + c) & 1, a = 1 - j0;
+    long k0 = j0 == 0 ? 1 : 0, k1 = (n - 2 - j0) / 2; /* interior: 1 <= j <= n - 2 */
+    if (kb < k0) kb = k0;
+    if (ke > k1 + 1) ke = k1 + 1;
+    double *xr = x + i * ld;
+    const double *up = y + (i - 1) * ld, *dn = y + (i + 1) * ld, *yr = y + i * ld - a;
+    for (long k = kb; k < ke; k++)
+        xr[k] = (1.0 - w) * xr[k] + w4 * (up[k] + dn[k] + yr[k] + yr[k + 1]);
+}
+
 /* Updates colour c's points (array x) in rows [lo, hi), clipped to the interior, from
  * the other colour's array y. */
 static inline void sor_half_sweep(double *restrict x, const double *restrict y, long n, long ld,
                                   long lo, long hi, int c) {
     if (lo < 1) lo = 1;
     if (hi > n - 1) hi = n - 1;
-    const double w = SOR_OMEGA, w4 = SOR_OMEGA / 4.0;
-    for (long i = lo; i < hi; i++) {
-        long j0 = (i + c) & 1, a = 1 - j0;
-        long k0 = j0 == 0 ? 1 : 0, k1 = (n - 2 - j0) / 2; /* interior: 1 <= j <= n - 2 */
-        double *xr = x + i * ld;
-        const double *up = y + (i - 1) * ld, *dn = y + (i + 1) * ld, *yr = y + i * ld - a;
-        for (long k = k0; k <= k1; k++)
-            xr[k] = (1.0 - w) * xr[k] + w4 * (up[k] + dn[k] + yr[k] + yr[k + 1]);
-    }
+    for (long i = lo; i < hi; i++) sor_row(x, y, n, ld, i, c, 0, n / 2);
 }
 
 /* The whole computation on private memory (the sequential program, and the DSM
