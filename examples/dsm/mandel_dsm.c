@@ -28,6 +28,7 @@ int main(int argc, char **argv) {
     volatile long *next = dsm_alloc_block(4096); /* the queue: next task to hand out */
 
     dsm_barrier();
+    dsm_timed_start();
     double t0 = now_s(), c0 = thread_cpu_s();
     long mine = 0;
     for (;;) {

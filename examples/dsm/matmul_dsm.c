@@ -52,6 +52,7 @@ int main(int argc, char **argv) {
     uint64_t *rh = dsm_alloc_block((size_t)n * 8); /* row hashes of C, for the check */
 
     dsm_barrier();
+    dsm_timed_start();
     double t0 = now_s(), c0 = thread_cpu_s();
     mm_init_rows(a, b, n, ld, lo, hi);
     dsm_barrier();

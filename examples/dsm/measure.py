@@ -115,7 +115,7 @@ def dsm_run(app, args, ranks, testbed, want, timeout):
                 "seconds": r["seconds"],
                 "wait_s": r["wait_s"],
                 "barriers": r["barriers"],
-                **{k: r[k] for k in ("rows", "cpu_s", "init_s", "fetch_s", "tasks_done") if k in r},
+                **{k: r[k] for k in ("rows", "cpu_s", "process_cpu_s", "init_s", "fetch_s", "tasks_done") if k in r},
                 "stats": r["stats"],
             }
             for r in lines

@@ -111,6 +111,7 @@ int main(int argc, char **argv) {
     }
 
     dsm_barrier();
+    dsm_timed_start();
     double t0 = now_s(), c0 = thread_cpu_s();
     sor_init_rows(r, b, n, ld, lo, hi);
     dsm_barrier();
