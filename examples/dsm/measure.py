@@ -133,6 +133,9 @@ def main():
     ap.add_argument("--timeout", type=int, default=240, help="per DSM run, seconds")
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--spin-wait-us", default="200",
+                    help="BRAID_DSM_SPIN_WAIT_US for the DSM runs (default 200; 'default' "
+                    "leaves braid-dsm's 2000)")
     ap.add_argument("--autogroup-nice", default="process",
                     help="nice of this run's autogroup: a number, 'process' (default: the "
                     "process's nice) or 'off'")
@@ -142,6 +145,8 @@ def main():
     else:
         nice = os.nice(0) if a.autogroup_nice == "process" else int(a.autogroup_nice)
         group = autogroup_boost(nice)
+    if a.spin_wait_us != "default":
+        os.environ["BRAID_DSM_SPIN_WAIT_US"] = a.spin_wait_us
     apps = a.apps.split(",")
     sizes = SMALL if a.small else FULL
     for app in apps:
@@ -156,6 +161,7 @@ def main():
     result = {
         "machine": {"cpus": os.cpu_count(), "nice": os.nice(0), "autogroup": group},
         "testbed": f"{a.testbed}: 2 hosts, 4 x 1 Gbit/s rails",
+        "env": {k: v for k, v in os.environ.items() if k.startswith("BRAID_DSM_")},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "apps": {},
     }
