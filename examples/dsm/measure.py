@@ -133,9 +133,9 @@ def main():
     ap.add_argument("--timeout", type=int, default=240, help="per DSM run, seconds")
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--no-build", action="store_true")
-    ap.add_argument("--spin-wait-us", default="200",
-                    help="BRAID_DSM_SPIN_WAIT_US for the DSM runs (default 200; 'default' "
-                    "leaves braid-dsm's 2000)")
+    ap.add_argument("--spin-wait-us", default="default",
+                    help="BRAID_DSM_SPIN_WAIT_US for the DSM runs (default: braid-dsm's own, "
+                    "2000)")
     ap.add_argument("--autogroup-nice", default="process",
                     help="nice of this run's autogroup: a number, 'process' (default: the "
                     "process's nice) or 'off'")

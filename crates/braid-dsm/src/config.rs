@@ -43,8 +43,8 @@ pub struct DsmConfig {
     /// How long it keeps polling while a request of this rank is in flight (default 2 ms;
     /// at least `spin`), so the answer needs no thread wake-up. When the cores are all
     /// busy with computation and many requests are in flight (prefetching threads), a
-    /// shorter wait leaves the processor to the computation instead: the examples'
-    /// applications measure best with 200 µs on two cores (docs/DSM.md, "Applications").
+    /// shorter wait leaves the processor to the computation instead (docs/DSM.md,
+    /// "Applications", has a measurement).
     pub spin_wait: Duration,
     /// Accept a userfaultfd that handles user-mode faults only, as an unprivileged process
     /// gets with `vm.unprivileged_userfaultfd = 0`. System calls that touch an absent shared
