@@ -9,7 +9,9 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/target/dsm-apps}
 CFLAGS=${CFLAGS:--O2 -std=gnu11 -Wall -Wextra -Werror}
 cd "$ROOT"
-nice -n 19 cargo build --release -q -p braid-dsm -p braid-cli
+# The same build as `cargo test --workspace --release` (one feature set, so nothing is
+# rebuilt after the tests in CI; building one package alone would compile the chain again).
+cargo build --release -q --workspace --all-targets
 mkdir -p "$OUT"
 for app in sor matmul mandel; do
     cc $CFLAGS examples/dsm/${app}_seq.c -o "$OUT/${app}_seq"
