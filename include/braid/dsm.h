@@ -46,6 +46,12 @@ int   braid_dsm_finalize(void);
 void       *braid_dsm_alloc_policy(size_t bytes, int policy); /* collective; policy: BRAID_DSM_HOME_* */
 size_t      braid_dsm_page_size(void);                        /* the unit of coherence; 0 before init */
 const char *braid_dsm_last_error(void);                       /* message of this thread's last failed call */
+/* This rank's counters as one line of JSON in buf (len bytes, NUL-terminated, cut if too
+ * small), like snprintf: returns the full text's length (>= len: it was cut), or -1 with
+ * errno (ENXIO before init). Fields: rank, size, faults, installs, pages_sent, drops,
+ * messages, requests, fault_to_request_us, request_to_grant_us, install_us, serve_us (means)
+ * and rail_bytes_sent: [bytes braid sent on rail 0, 1, ...] since init. */
+int         braid_dsm_stats_json(char *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::api::{Dsm, runtime_of};
+use crate::api::{Dsm, DsmStats, runtime_of};
 use crate::error::DsmError;
 use crate::proto::HomePolicy;
 use crate::runtime::Runtime;
@@ -163,9 +163,95 @@ pub extern "C" fn braid_dsm_finalize() -> c_int {
     }
 }
 
+/// This rank's counters as one line of JSON, written into `buf` (`len` bytes, always
+/// NUL-terminated when `len > 0`, truncated if too small) like `snprintf`: returns the length
+/// of the whole text without the NUL, so a return `>= len` means it was cut; -1 with `errno`
+/// (`ENXIO` before init, `EINVAL` for a NULL `buf` with `len > 0`).
+///
+/// Fields: `rank`, `size`, the [`crate::DsmStats`] counters and means (`faults`,
+/// `installs`, `pages_sent`, `drops`, `messages`, `requests`, `fault_to_request_us`,
+/// `request_to_grant_us`, `install_us`, `serve_us`) and `rail_bytes_sent` (payload bytes
+/// braid sent on each rail, over all peers, since init).
+///
+/// # Safety
+/// `buf` must be valid for writes of `len` bytes (or NULL with `len == 0`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn braid_dsm_stats_json(buf: *mut c_char, len: usize) -> c_int {
+    let rt = match rt() {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    if buf.is_null() && len > 0 {
+        return fail(DsmError::InvalidArgument("NULL buffer".into()));
+    }
+    let text = stats_json(rt.rank, rt.size, rt.stats().into(), &rt.rail_bytes_sent());
+    if len > 0 {
+        let n = text.len().min(len - 1);
+        // SAFETY: the caller gives `len` writable bytes at `buf`; `n + 1 <= len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), buf, n);
+            *buf.add(n) = 0;
+        }
+    }
+    c_int::try_from(text.len()).unwrap_or(c_int::MAX)
+}
+
+/// The text of [`braid_dsm_stats_json`].
+pub(crate) fn stats_json(rank: usize, size: usize, s: DsmStats, rails: &[u64]) -> String {
+    let rails: Vec<String> = rails.iter().map(u64::to_string).collect();
+    format!(
+        "{{\"rank\":{rank},\"size\":{size},\"faults\":{},\"installs\":{},\"pages_sent\":{},\
+         \"drops\":{},\"messages\":{},\"requests\":{},\"fault_to_request_us\":{:.2},\
+         \"request_to_grant_us\":{:.2},\"install_us\":{:.2},\"serve_us\":{:.2},\
+         \"rail_bytes_sent\":[{}]}}",
+        s.faults,
+        s.installs,
+        s.pages_sent,
+        s.drops,
+        s.messages,
+        s.requests,
+        s.fault_to_request_us,
+        s.request_to_grant_us,
+        s.install_us,
+        s.serve_us,
+        rails.join(",")
+    )
+}
+
 /// The message of this thread's last failed call ("" if none). Valid until the thread's
 /// next failing call.
 #[unsafe(no_mangle)]
 pub extern "C" fn braid_dsm_last_error() -> *const c_char {
     LAST_ERROR.with(|l| l.borrow().as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_json_is_one_json_object() {
+        let s = DsmStats {
+            faults: 3,
+            request_to_grant_us: 1.5,
+            ..DsmStats::default()
+        };
+        let t = stats_json(1, 2, s, &[10, 20]);
+        assert!(t.starts_with("{\"rank\":1,\"size\":2,\"faults\":3,"), "{t}");
+        assert!(t.contains("\"request_to_grant_us\":1.50,"), "{t}");
+        assert!(t.ends_with("\"rail_bytes_sent\":[10,20]}"), "{t}");
+        assert!(!t.contains('\n'));
+    }
+
+    #[test]
+    fn stats_json_before_init_is_enxio() {
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: a buffer of 64 bytes.
+        let r = unsafe { braid_dsm_stats_json(buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(r, -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENXIO)
+        );
+    }
 }

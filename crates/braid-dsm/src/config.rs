@@ -16,6 +16,9 @@ pub const SLOTS_ENV: &str = "BRAID_DSM_SLOTS";
 /// Environment variable: how long the service thread polls after activity (microseconds)
 /// before it sleeps.
 pub const SPIN_ENV: &str = "BRAID_DSM_SPIN_US";
+/// Environment variable: how long the service thread polls (microseconds) while a page
+/// request of its own is in flight, before it sleeps until the answer wakes it.
+pub const SPIN_WAIT_ENV: &str = "BRAID_DSM_SPIN_WAIT_US";
 /// Environment variable: `1` accepts a userfaultfd for user-mode faults only (see
 /// [`DsmConfig::user_faults_only`]).
 pub const USER_FAULTS_ONLY_ENV: &str = "BRAID_DSM_USER_FAULTS_ONLY";
@@ -34,10 +37,15 @@ pub struct DsmConfig {
     /// Page requests a rank may have in flight at once; further faults wait (default 256).
     pub slots: u32,
     /// How long the service thread keeps polling after activity before it sleeps (default
-    /// 200 µs). While a request of this rank is in flight it polls until the answer comes
-    /// (at most 2 ms), so the answer needs no thread wake-up. Polling yields the processor
-    /// to any other runnable thread (`sched_yield`), so it costs little on a busy machine.
+    /// 200 µs). Polling yields the processor to any other runnable thread (`sched_yield`),
+    /// so it costs little on a busy machine.
     pub spin: Duration,
+    /// How long it keeps polling while a request of this rank is in flight (default 2 ms;
+    /// at least `spin`), so the answer needs no thread wake-up. When the cores are all
+    /// busy with computation and many requests are in flight (prefetching threads), a
+    /// shorter wait leaves the processor to the computation instead (docs/DSM.md,
+    /// "Applications", has a measurement).
+    pub spin_wait: Duration,
     /// Accept a userfaultfd that handles user-mode faults only, as an unprivileged process
     /// gets with `vm.unprivileged_userfaultfd = 0`. System calls that touch an absent shared
     /// page then fail with `EFAULT` instead of waiting for it (default false: such a
@@ -53,6 +61,7 @@ impl Default for DsmConfig {
             locks: 65536,
             slots: 256,
             spin: Duration::from_micros(200),
+            spin_wait: Duration::from_millis(2),
             user_faults_only: false,
         }
     }
@@ -126,6 +135,13 @@ impl DsmConfig {
                 .map_err(|_| bad(SPIN_ENV, &v, "microseconds"))?;
             c.spin = Duration::from_micros(us);
         }
+        if let Some(v) = get(SPIN_WAIT_ENV) {
+            let us: u64 = v
+                .trim()
+                .parse()
+                .map_err(|_| bad(SPIN_WAIT_ENV, &v, "microseconds"))?;
+            c.spin_wait = Duration::from_micros(us);
+        }
         if let Some(v) = get(USER_FAULTS_ONLY_ENV) {
             c.user_faults_only = match v.trim() {
                 "1" | "true" | "yes" => true,
@@ -148,6 +164,7 @@ mod tests {
             SPACE_ENV => Some("2G".into()),
             LOCKS_ENV => Some("10".into()),
             SPIN_ENV => Some("0".into()),
+            SPIN_WAIT_ENV => Some("150".into()),
             _ => None,
         })
         .unwrap();
@@ -155,7 +172,14 @@ mod tests {
         assert_eq!(c.space, 2 << 30);
         assert_eq!(c.locks, 10);
         assert_eq!(c.spin, Duration::ZERO);
-        for (k, v) in [(HOME_ENV, "round"), (SPACE_ENV, "lots"), (SLOTS_ENV, "0")] {
+        assert_eq!(c.spin_wait, Duration::from_micros(150));
+        assert_eq!(DsmConfig::default().spin_wait, Duration::from_millis(2));
+        for (k, v) in [
+            (HOME_ENV, "round"),
+            (SPACE_ENV, "lots"),
+            (SLOTS_ENV, "0"),
+            (SPIN_WAIT_ENV, "soon"),
+        ] {
             let e = DsmConfig::from_vars(|x| (x == k).then(|| v.to_string())).unwrap_err();
             assert!(e.to_string().contains(k), "{e}");
         }

@@ -28,6 +28,7 @@ int main(void) {
     int (*lk)(unsigned) = braid_dsm_lock; lk = braid_dsm_unlock; (void)lk;
     size_t (*ps)(void) = braid_dsm_page_size; (void)ps;
     const char *(*le)(void) = braid_dsm_last_error; (void)le;
+    int (*sj)(char *, size_t) = braid_dsm_stats_json; (void)sj;
     P(BRAID_DSM_HOME_DEFAULT); P(BRAID_DSM_HOME_BLOCK); P(BRAID_DSM_HOME_CYCLIC);
     P(BRAID_DSM_EXIT_UNSERVABLE);
     return 0;
@@ -84,5 +85,6 @@ int main(void) {
     let _: extern "C" fn(u32) -> i32 = braid_dsm_unlock;
     let _: extern "C" fn() -> usize = braid_dsm_page_size;
     let _: extern "C" fn() -> *const std::ffi::c_char = braid_dsm_last_error;
+    let _: unsafe extern "C" fn(*mut std::ffi::c_char, usize) -> i32 = braid_dsm_stats_json;
     let _ = std::fs::remove_dir_all(&dir);
 }

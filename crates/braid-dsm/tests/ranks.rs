@@ -59,6 +59,7 @@ fn run_scenario(name: &str) -> R {
         "segv" => segv(),
         "unprivileged" => unprivileged(),
         "litmus" => litmus_short(),
+        "capi_stats" => capi_stats(),
         _ => Err(format!("unknown scenario {name}").into()),
     }
 }
@@ -296,6 +297,86 @@ fn unprivileged() -> R {
         "names the sysctl",
     )?;
     Ok(())
+}
+
+/// The C API's `braid_dsm_stats_json`: counters after pages moved, truncation like
+/// `snprintf`, one byte per rail counted.
+fn capi_stats() -> R {
+    use braid_dsm::capi::*;
+    use std::ffi::{CStr, c_char};
+    check(braid_dsm_init() == 0, "braid_dsm_init")?;
+    let (rank, size) = (braid_dsm_rank(), braid_dsm_size());
+    let page = braid_dsm_page_size();
+    let p = braid_dsm_alloc_policy(2 * page * size as usize, BRAID_DSM_HOME_BLOCK).cast::<u64>();
+    check(!p.is_null(), "alloc")?;
+    let words = page / 8;
+    // Each rank writes the pages homed at the other rank, then reads its own back.
+    let other = ((rank + 1) % size) as usize;
+    for i in 0..2 * words {
+        // SAFETY: in the allocation (2 pages per rank).
+        unsafe { p.add(other * 2 * words + i).write_volatile(i as u64) };
+    }
+    check(braid_dsm_barrier() == 0, "barrier")?;
+    // SAFETY: as above.
+    let v = unsafe { p.add(rank as usize * 2 * words + 5).read_volatile() };
+    check(v == 5, format!("read back {v}"))?;
+    // Every rank's page has come (and so was sent) before anyone reads the counters.
+    check(braid_dsm_barrier() == 0, "barrier")?;
+    let mut buf = vec![0 as c_char; 4096];
+    // SAFETY: a buffer of buf.len() bytes.
+    let n = unsafe { braid_dsm_stats_json(buf.as_mut_ptr(), buf.len()) };
+    check(n > 0 && (n as usize) < buf.len(), format!("length {n}"))?;
+    // SAFETY: NUL-terminated by the call.
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_str()?
+        .to_string();
+    check(text.len() == n as usize, "length matches the text")?;
+    check(
+        text.starts_with(&format!("{{\"rank\":{rank},\"size\":{size},")),
+        format!("starts with rank and size: {text}"),
+    )?;
+    let faults: u64 = text
+        .split("\"faults\":")
+        .nth(1)
+        .and_then(|t| t.split(',').next())
+        .and_then(|t| t.parse().ok())
+        .ok_or(format!("no faults in {text}"))?;
+    check(faults >= 2, format!("faults {faults} in {text}"))?;
+    let rails = text
+        .split("\"rail_bytes_sent\":[")
+        .nth(1)
+        .and_then(|t| t.strip_suffix("]}"))
+        .ok_or(format!("no rail_bytes_sent in {text}"))?;
+    let sent: u64 = rails
+        .split(',')
+        .map(|b| b.parse::<u64>().unwrap_or(0))
+        .sum();
+    check(
+        sent >= page as u64,
+        format!("at least a page sent on the rails: {text}"),
+    )?;
+    // Cut like snprintf: NUL at the end, the full length returned.
+    let mut small = [1 as c_char; 10];
+    // SAFETY: a buffer of 10 bytes.
+    let m = unsafe { braid_dsm_stats_json(small.as_mut_ptr(), small.len()) };
+    check(m >= 10 && small[9] == 0, format!("cut: {m}"))?;
+    // SAFETY: NULL with length 0 is allowed.
+    let m = unsafe { braid_dsm_stats_json(std::ptr::null_mut(), 0) };
+    check(m > 0, "length query")?;
+    println!("rank {rank}: {text}");
+    check(braid_dsm_barrier() == 0, "barrier")?;
+    braid_dsm_free(p.cast());
+    check(braid_dsm_finalize() == 0, "finalize")?;
+    Ok(())
+}
+
+#[test]
+fn c_api_stats_json_two_ranks() {
+    if !uffd_available() {
+        return;
+    }
+    let rs = run_job(ENTRY, "capi_stats", 2, &[], Duration::from_secs(120));
+    assert_all_ok("capi_stats", &rs);
 }
 
 #[test]

@@ -1,9 +1,41 @@
 //! The rank-local side of the protocol: faults, requests in flight, and serving the home's
 //! forwards and invalidations for the copies this rank holds.
 
-use super::{Access, Action, Msg, Node, PageId, Payload, Pending, ProtoError, Rank, Source};
+use super::{
+    Access, Action, Msg, Node, PageId, Payload, Pending, ProtoError, Rank, Source, ZERO_AROUND,
+};
 
 impl Node {
+    /// Fault-around for first touches at the home: installs zeros (writable) in the pages
+    /// after `page`, up to [`ZERO_AROUND`] in all, while they are in the same allocation,
+    /// homed here and untouched (virgin, writable here alone, no request for them at the
+    /// home). Installing them is exactly what their own first touch would do, one fault
+    /// each, so a rank initialising its block takes one fault per `ZERO_AROUND` pages.
+    fn zero_around(&mut self, page: PageId) {
+        let Some((first, _)) = self.alloc_of(page) else {
+            return;
+        };
+        for p in page + 1..page + ZERO_AROUND {
+            let untouched = self.alloc_of(p).is_some_and(|(f, _)| f == first)
+                && self.home_of(p) == Some(self.rank)
+                && !self.local.contains_key(&p)
+                && !self.pending.contains_key(&p)
+                && self
+                    .busy
+                    .get(&p)
+                    .is_none_or(|b| b.current.is_none() && b.queue.is_empty());
+            if !untouched {
+                return;
+            }
+            self.set_page(p, Access::Write, false);
+            self.actions.push_back(Action::Install {
+                page: p,
+                write: true,
+                source: Source::Zero,
+            });
+        }
+    }
+
     pub(super) fn fault(&mut self, page: PageId, write: bool) {
         let lp = self.page(page);
         let needed = if write { Access::Write } else { Access::Read };
@@ -16,6 +48,9 @@ impl Node {
                     write: lp.access == Access::Write,
                     source: Source::Zero,
                 });
+                if lp.access == Access::Write {
+                    self.zero_around(page);
+                }
             } else {
                 self.actions.push_back(Action::Wake { page });
             }

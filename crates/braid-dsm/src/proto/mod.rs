@@ -177,6 +177,12 @@ struct Allocation {
     policy: HomePolicy,
 }
 
+/// Pages a home's first touch of an untouched page of its own installs (zeros, writable):
+/// that page and up to this many minus one after it that are untouched too (the
+/// fault-around of first touches; 128 KiB with 4 KiB pages). A rank initialising the
+/// block homed at it then takes one fault per this many pages instead of one per page.
+pub const ZERO_AROUND: u64 = 32;
+
 /// This rank's copy of a page. Pages without an entry are `Invalid`, except at their home,
 /// where they start as the owner's writable copy that has never been written (`virgin`:
 /// not present in memory, contents zero).

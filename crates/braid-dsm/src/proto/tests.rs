@@ -235,3 +235,74 @@ fn allocations_are_checked_and_removed_only_when_quiet() {
     assert!(ns[0].remove_allocation(10).is_ok());
     assert_eq!(ns[0].home_of(10), None);
 }
+
+fn zero_installs(actions: &[Action]) -> Vec<PageId> {
+    actions
+        .iter()
+        .map(|a| match a {
+            Action::Install {
+                page,
+                write: true,
+                source: Source::Zero,
+            } => *page,
+            a => panic!("unexpected {a:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn first_touch_at_the_home_installs_the_untouched_pages_after_it() {
+    let mut n = Node::new(NodeConfig {
+        rank: 0,
+        size: 2,
+        slots: 4,
+    });
+    // 200 pages in blocks: 0..100 at rank 0, 100..200 at rank 1.
+    n.add_allocation(1000, 200, HomePolicy::Block).unwrap();
+    n.on_fault(1000, true).unwrap();
+    let want: Vec<PageId> = (1000..1000 + ZERO_AROUND).collect();
+    assert_eq!(zero_installs(&drain(&mut n)), want);
+    // Those pages are writable now: their faults (already queued) only wake.
+    n.on_fault(1001, true).unwrap();
+    assert_eq!(drain(&mut n), [Action::Wake { page: 1001 }]);
+    // A page another rank holds stops the run: give page 1040 to rank 1.
+    n.on_message(
+        1,
+        Msg::WriteReq {
+            page: 1040,
+            slot: 0,
+        },
+    )
+    .unwrap();
+    drain(&mut n);
+    n.on_message(1, Msg::Confirm { page: 1040 }).unwrap();
+    drain(&mut n);
+    n.on_fault(1035, false).unwrap();
+    assert_eq!(
+        zero_installs(&drain(&mut n)),
+        (1035..1040).collect::<Vec<_>>()
+    );
+    // The end of the home's block stops it (page 1100 is homed at rank 1).
+    n.on_fault(1090, true).unwrap();
+    assert_eq!(
+        zero_installs(&drain(&mut n)),
+        (1090..1100).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn first_touch_stops_at_the_end_of_the_allocation_and_at_cyclic_neighbours() {
+    let mut n = Node::new(NodeConfig {
+        rank: 0,
+        size: 1,
+        slots: 4,
+    });
+    n.add_allocation(10, 5, HomePolicy::Block).unwrap();
+    n.add_allocation(15, 5, HomePolicy::Block).unwrap();
+    n.on_fault(12, true).unwrap();
+    assert_eq!(zero_installs(&drain(&mut n)), [12, 13, 14]);
+    // With cyclic homes the next page is another rank's: one page per fault.
+    let mut ns = nodes(2, 4);
+    ns[1].on_fault(11, true).unwrap();
+    assert_eq!(zero_installs(&drain(&mut ns[1])), [11]);
+}

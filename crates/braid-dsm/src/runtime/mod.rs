@@ -177,7 +177,7 @@ impl Runtime {
             space.base as usize,
             len,
             page,
-            cfg.spin,
+            (cfg.spin, cfg.spin_wait.max(cfg.spin)),
             stats.clone(),
         );
         let thread = std::thread::Builder::new()

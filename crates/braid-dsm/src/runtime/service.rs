@@ -66,6 +66,8 @@ pub(crate) struct Service {
     pub page: usize,
     pub zero: Box<[u8]>,
     pub spin: Duration,
+    /// How long to poll while a request of this rank is in flight.
+    pub spin_wait: Duration,
     pub stats: Arc<parking_lot::Mutex<ServiceStats>>,
     stopping: bool,
     removals: Vec<(PageId, u64)>,
@@ -91,7 +93,7 @@ impl Service {
         base: usize,
         len: usize,
         page: usize,
-        spin: Duration,
+        (spin, spin_wait): (Duration, Duration),
         stats: Arc<parking_lot::Mutex<ServiceStats>>,
     ) -> Service {
         Service {
@@ -105,6 +107,7 @@ impl Service {
             page,
             zero: vec![0u8; page].into_boxed_slice(),
             spin,
+            spin_wait,
             stats,
             stopping: false,
             removals: Vec::new(),
@@ -149,7 +152,7 @@ impl Service {
                 continue;
             }
             let spin = if self.node.outstanding() > 0 {
-                Duration::from_millis(2)
+                self.spin_wait
             } else {
                 self.spin
             };
