@@ -20,7 +20,9 @@
 //! ```
 
 mod fs;
+mod known;
 mod pool;
+mod shared;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

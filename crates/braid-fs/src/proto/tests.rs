@@ -247,7 +247,8 @@ fn reply() -> impl Strategy<Value = (Op, Reply)> {
         Just((Op::Rename, Reply::Empty)),
         path().prop_map(|p| (Op::ReadLink, Reply::Link(p))),
         opened().prop_map(|o| (Op::Open, Reply::Opened(o))),
-        (entry(), opened()).prop_map(|(e, o)| (Op::Create, Reply::Created(e, o))),
+        (entry(), opened(), attr()).prop_map(|(e, o, p)| (Op::Create, Reply::Created(e, o, p))),
+        attr().prop_map(|a| (Op::Unlink, Reply::Attr(a))),
         (attr(), region())
             .prop_map(|(attr, region)| (Op::MapRegion, Reply::Mapped(Mapped { attr, region }))),
         (any::<u32>(), attr()).prop_map(|(n, a)| (Op::Write, Reply::Written(n, a))),

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use braid::{Access, Context, Region};
 
+use super::writeback::{LAG, STEP};
 use crate::proto::{Errno, RegionInfo};
 
 /// One registration of a file's pages (`Context::register_file`): dropping it revokes the
@@ -77,6 +78,8 @@ pub(crate) struct FileRegions {
     read_only: Vec<Arc<FileRegion>>,
     read_write: Vec<Arc<FileRegion>>,
     generation: u64,
+    /// Where the last early writeback ended (see [`super::writeback`]).
+    pub(crate) written_back: u64,
 }
 
 impl FileRegions {
@@ -151,5 +154,21 @@ impl FileRegions {
     pub(crate) fn clear(&mut self) {
         self.read_only.clear();
         self.read_write.clear();
+        self.written_back = 0;
+    }
+
+    /// The range whose writeback should start now that a client grows the file from
+    /// `old` bytes: from where the last one ended to [`LAG`] bytes before `old`, if that is
+    /// at least [`STEP`] bytes. Records it as started.
+    pub(crate) fn writeback_range(&mut self, old: u64) -> Option<(u64, u64)> {
+        // Shrunk since (truncated and written again): start over from there.
+        self.written_back = self.written_back.min(old / STEP * STEP);
+        let to = old.saturating_sub(LAG) / STEP * STEP;
+        if to < self.written_back + STEP {
+            return None;
+        }
+        let from = self.written_back;
+        self.written_back = to;
+        Some((from, to))
     }
 }
