@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -75,6 +75,7 @@ impl BraidFs {
                 next: AtomicU64::new(1),
                 seen: Mutex::new(HashMap::new()),
                 known: Known::new(cfg.attr_timeout, cfg.entry_timeout),
+                spin: cfg.poll_spin,
                 notifier: Mutex::new(None),
             }),
             readahead: cfg.readahead_kib.saturating_mul(1024),
@@ -123,8 +124,7 @@ impl Filesystem for BraidFs {
             name,
         };
         self.shared
-            .client
-            .call_async(&req, move |r| s.reply_entry(reply, epoch, r));
+            .call(&req, move |r| s.reply_entry(reply, epoch, r));
     }
 
     fn forget(&self, _req: &FuseReq, ino: INodeNo, nlookup: u64) {
@@ -143,23 +143,29 @@ impl Filesystem for BraidFs {
     fn getattr(&self, _req: &FuseReq, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let s = self.shared.clone();
         let node = s.node(ino);
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
         let ask = move || {
             // Known from a recent reply (the kernel dropped its copy after a change this
             // client made and whose reply carried the attributes after it).
             if let Some((a, left)) = s.known.attr(node.id) {
-                return reply.attr(&left, &s.attr(node.id, &a));
+                reply.attr(&left, &s.attr(node.id, &a));
+                return d.store(true, Ordering::Release);
             }
             let epoch = s.known.epoch();
             let s2 = s.clone();
-            s.client.call_async(&Request::GetAttr { node }, move |r| {
-                s2.reply_attr(reply, node.id, epoch, r)
-            });
+            s.send(
+                &Request::GetAttr { node },
+                move |r| s2.reply_attr(reply, node.id, epoch, r),
+                d,
+            );
         };
         // Writes this client has acknowledged must show in the size and times.
         match self.shared.client.inner.existing_file_state(node) {
             Some(st) => st.when_idle(Box::new(ask)),
             None => ask(),
         }
+        self.shared.help(&done);
     }
 
     fn setattr(
@@ -192,13 +198,15 @@ impl Filesystem for BraidFs {
             mtime: timeset(mtime),
         };
         let state = s.client.inner.existing_file_state(node);
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
         let go = {
             let state = state.clone();
             move || {
                 s.known.forget(&[node.id]);
                 let epoch = s.known.epoch();
                 let s2 = s.clone();
-                s.client.call_async(
+                s.send(
                     &Request::SetAttr {
                         node,
                         fh: srv_fh,
@@ -210,6 +218,7 @@ impl Filesystem for BraidFs {
                         }
                         s2.reply_attr(reply, node.id, epoch, r)
                     },
+                    d,
                 );
             }
         };
@@ -218,13 +227,13 @@ impl Filesystem for BraidFs {
             Some(st) if size.is_some() => st.when_idle(Box::new(go)),
             _ => go(),
         }
+        self.shared.help(&done);
     }
 
     fn readlink(&self, _req: &FuseReq, ino: INodeNo, reply: ReplyData) {
         let node = self.shared.node(ino);
         self.shared
-            .client
-            .call_async(&Request::ReadLink { node }, move |r| match r {
+            .call(&Request::ReadLink { node }, move |r| match r {
                 Ok(Reply::Link(t)) => reply.data(&t),
                 Ok(_) => reply.error(fuser::Errno::EIO),
                 Err(e) => reply.error(errno(&e)),
@@ -254,8 +263,7 @@ impl Filesystem for BraidFs {
             creds: Shared::creds(req, umask),
         };
         self.shared
-            .client
-            .call_async(&r, move |r| s.reply_entry(reply, epoch, r));
+            .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
     fn mkdir(
@@ -279,8 +287,7 @@ impl Filesystem for BraidFs {
             creds: Shared::creds(req, umask),
         };
         self.shared
-            .client
-            .call_async(&r, move |r| s.reply_entry(reply, epoch, r));
+            .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
     fn unlink(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -294,7 +301,7 @@ impl Filesystem for BraidFs {
             parent: s.node(parent),
             name: name.clone(),
         };
-        self.shared.client.call_async(&r, move |r| match r {
+        self.shared.call(&r, move |r| match r {
             Ok(reply_body) => {
                 if let Reply::Attr(a) = &reply_body {
                     s.known.learn(epoch, parent.0, a);
@@ -317,7 +324,7 @@ impl Filesystem for BraidFs {
             parent: s.node(parent),
             name: name.clone(),
         };
-        self.shared.client.call_async(&r, move |r| match r {
+        self.shared.call(&r, move |r| match r {
             Ok(reply_body) => {
                 if let Reply::Attr(a) = &reply_body {
                     s.known.learn(epoch, parent.0, a);
@@ -349,8 +356,7 @@ impl Filesystem for BraidFs {
             creds: Shared::creds(req, 0),
         };
         self.shared
-            .client
-            .call_async(&r, move |r| s.reply_entry(reply, epoch, r));
+            .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
     fn rename(
@@ -372,9 +378,7 @@ impl Filesystem for BraidFs {
             new_name: Self::name(newname),
             flags: flags.bits(),
         };
-        self.shared
-            .client
-            .call_async(&r, move |r| Shared::reply_empty(reply, r));
+        self.shared.call(&r, move |r| Shared::reply_empty(reply, r));
     }
 
     fn link(
@@ -395,8 +399,7 @@ impl Filesystem for BraidFs {
             new_name: Self::name(newname),
         };
         self.shared
-            .client
-            .call_async(&r, move |r| s.reply_entry(reply, epoch, r));
+            .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
     fn open(&self, _req: &FuseReq, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -407,7 +410,7 @@ impl Filesystem for BraidFs {
             s.known.forget(&[node.id]);
         }
         let epoch = s.known.epoch();
-        self.shared.client.call_async(
+        self.shared.call(
             &Request::Open {
                 node,
                 flags: f as u32,
@@ -496,11 +499,13 @@ impl Filesystem for BraidFs {
             // client's earlier writes, so it lands last).
             let (sh, data, state) = (s.clone(), data.to_vec(), h.state.clone());
             let (srv_fh, node) = (h.fh, h.node);
+            let done = Arc::new(AtomicBool::new(false));
+            let d = done.clone();
             h.state.when_idle(Box::new(move || {
                 sh.known.forget(&[node]);
                 let epoch = sh.known.epoch();
                 let sh2 = sh.clone();
-                sh.client.call_async(
+                sh.send(
                     &Request::Write {
                         fh: srv_fh,
                         offset,
@@ -515,8 +520,10 @@ impl Filesystem for BraidFs {
                         Ok(_) => reply.error(fuser::Errno::EIO),
                         Err(e) => reply.error(errno(&e)),
                     },
+                    d,
                 );
             }));
+            s.help(&done);
             return;
         }
         let Some(slot) = s.pool.take(BUFFER_WAIT) else {
@@ -554,10 +561,16 @@ impl Filesystem for BraidFs {
         };
         let always = self.shared.sync_on_close;
         let flags = if always { COMMIT_SYNC } else { 0 };
-        self.shared.commit(h, flags, always, move |r| match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        self.shared.commit(h, flags, always, move |r| {
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+            d.store(true, Ordering::Release);
         });
+        self.shared.help(&done);
     }
 
     fn release(
@@ -597,17 +610,22 @@ impl Filesystem for BraidFs {
         } else {
             COMMIT_SYNC
         };
-        self.shared.commit(h, flags, true, move |r| match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        self.shared.commit(h, flags, true, move |r| {
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+            d.store(true, Ordering::Release);
         });
+        self.shared.help(&done);
     }
 
     fn opendir(&self, _req: &FuseReq, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let s = self.shared.clone();
         self.shared
-            .client
-            .call_async(&Request::OpenDir { node: s.node(ino) }, move |r| match r {
+            .call(&Request::OpenDir { node: s.node(ino) }, move |r| match r {
                 Ok(Reply::Handle(dh)) => {
                     let id = s.next.fetch_add(1, Ordering::Relaxed);
                     let d = DirHandle {
@@ -651,7 +669,7 @@ impl Filesystem for BraidFs {
             offset,
             max_bytes: 32 * 1024,
         };
-        self.shared.client.call_async(&req, move |r| match r {
+        self.shared.call(&req, move |r| match r {
             Ok(Reply::Dir(entries, eof)) => {
                 let mut g = d.lock();
                 g.from = offset;
@@ -683,15 +701,13 @@ impl Filesystem for BraidFs {
     }
 
     fn statfs(&self, _req: &FuseReq, _ino: INodeNo, reply: ReplyStatfs) {
-        self.shared
-            .client
-            .call_async(&Request::StatFs, move |r| match r {
-                Ok(Reply::StatFs(s)) => reply.statfs(
-                    s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
-                ),
-                Ok(_) => reply.error(fuser::Errno::EIO),
-                Err(e) => reply.error(errno(&e)),
-            });
+        self.shared.call(&Request::StatFs, move |r| match r {
+            Ok(Reply::StatFs(s)) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+            ),
+            Ok(_) => reply.error(fuser::Errno::EIO),
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     fn create(
@@ -717,7 +733,7 @@ impl Filesystem for BraidFs {
                 as u32,
             creds: Shared::creds(req, umask),
         };
-        self.shared.client.call_async(&r, move |r| match r {
+        self.shared.call(&r, move |r| match r {
             Ok(Reply::Created(e, o, parent_attr)) => {
                 s.known.learn(epoch, e.node.id, &e.attr);
                 s.known.learn(epoch, parent.0, &parent_attr);

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use fuser::{
@@ -102,6 +102,8 @@ pub(crate) struct Shared {
     pub(crate) seen: Mutex<HashMap<u64, (u64, Timestamp)>>,
     /// Attributes and absent names known without asking.
     pub(crate) known: Known,
+    /// How long a thread that sent a request polls for its reply (see [`Shared::call`]).
+    pub(crate) spin: Duration,
     pub(crate) notifier: Mutex<Option<fuser::Notifier>>,
 }
 
@@ -125,6 +127,38 @@ impl Shared {
     pub(crate) fn attr(&self, node: u64, a: &Attr) -> FileAttr {
         self.note(node, a);
         file_attr(node, a)
+    }
+
+    /// Sends `req`; `cb` gets the reply. The calling thread (one that reads `/dev/fuse`,
+    /// holding no lock) then polls for the reply for up to [`Shared::spin`] and runs `cb`
+    /// itself when it comes in time: the reply then passes no other thread of this process.
+    pub(crate) fn call(
+        &self,
+        req: &Request,
+        cb: impl FnOnce(Result<Reply, Error>) + Send + 'static,
+    ) {
+        let done = Arc::new(AtomicBool::new(false));
+        self.send(req, cb, done.clone());
+        self.help(&done);
+    }
+
+    /// Sends `req`; `done` is set after `cb` has run.
+    pub(crate) fn send(
+        &self,
+        req: &Request,
+        cb: impl FnOnce(Result<Reply, Error>) + Send + 'static,
+        done: Arc<AtomicBool>,
+    ) {
+        self.client.call_async(req, move |r| {
+            cb(r);
+            done.store(true, Ordering::Release);
+        });
+    }
+
+    /// Polls for completions on the calling thread until `done` is set, for up to
+    /// [`Shared::spin`].
+    pub(crate) fn help(&self, done: &AtomicBool) {
+        self.client.help_until(done, self.spin);
     }
 
     /// Answers the kernel with the entry of a reply to a request sent at `epoch`.

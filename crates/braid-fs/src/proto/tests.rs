@@ -397,8 +397,12 @@ fn header_checks() {
         Err(DecodeError::BadMagic(_))
     ));
     let mut bad = m.clone();
-    bad[2] = 2;
-    assert_eq!(decode_request(&bad), Err(DecodeError::Version(2)));
+    // Version 1 (before the create and unlink replies carried the parent's attributes),
+    // and a future one.
+    bad[2] = 1;
+    assert_eq!(decode_request(&bad), Err(DecodeError::Version(1)));
+    bad[2] = VERSION + 1;
+    assert_eq!(decode_request(&bad), Err(DecodeError::Version(VERSION + 1)));
     let mut bad = m.clone();
     bad[4] = 99;
     assert_eq!(decode_request(&bad), Err(DecodeError::UnknownOp(99)));
