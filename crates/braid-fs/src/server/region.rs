@@ -172,3 +172,32 @@ impl FileRegions {
         Some((from, to))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn writeback_trails_the_growth_in_steps_and_starts_over_after_a_shrink() {
+        let mut r = FileRegions::default();
+        // Nothing until the old end is a step past the lag.
+        assert_eq!(r.writeback_range(0), None);
+        assert_eq!(r.writeback_range(LAG + STEP - 1), None);
+        assert_eq!(r.writeback_range(LAG + STEP), Some((0, STEP)));
+        // Less than a step more: wait.
+        assert_eq!(r.writeback_range(LAG + STEP + MIB), None);
+        // Ranges follow each other without gaps or overlaps, in whole steps.
+        assert_eq!(
+            r.writeback_range(LAG + 3 * STEP + MIB),
+            Some((STEP, 3 * STEP))
+        );
+        // Truncated and written again: from the new end's step on.
+        assert_eq!(r.writeback_range(STEP + MIB), None);
+        assert_eq!(r.written_back, STEP);
+        assert_eq!(r.writeback_range(LAG + 2 * STEP), Some((STEP, 2 * STEP)));
+        r.clear();
+        assert_eq!(r.written_back, 0);
+    }
+}
