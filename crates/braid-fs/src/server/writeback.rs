@@ -19,11 +19,14 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 
 /// Bytes before the end of the file left for the final commit: the client may still be
-/// writing there (the mount has up to 64 MiB in flight, most of it past the old end).
-pub(crate) const LAG: u64 = 16 << 20;
+/// writing there (the mount has up to 64 MiB in flight, the library 16 MiB per transfer).
+/// Starting the writeback of a page still being written makes the writer fault on it and
+/// the page go to the disk twice: with 16 MiB the transfer itself slowed down by a quarter
+/// on the loaded test host, with 64 MiB it did not (docs/FS-BENCH.md).
+pub(crate) const LAG: u64 = 64 << 20;
 
 /// Smallest range worth a system call.
-pub(crate) const STEP: u64 = 4 << 20;
+pub(crate) const STEP: u64 = 8 << 20;
 
 struct Job {
     fd: OwnedFd,
