@@ -21,8 +21,8 @@ use parking_lot::Mutex;
 /// Bytes before the end of the file left for the final commit: the client may still be
 /// writing there (the mount has up to 64 MiB in flight, the library 16 MiB per transfer).
 /// Starting the writeback of a page still being written makes the writer fault on it and
-/// the page go to the disk twice: with 16 MiB the transfer itself slowed down by a quarter
-/// on the loaded test host, with 64 MiB it did not (docs/FS-BENCH.md).
+/// the page go to the disk twice: with 16 MiB the transfer itself took 10-30% longer on
+/// the loaded test host, with 64 MiB it did not (docs/FS-BENCH.md).
 pub(crate) const LAG: u64 = 64 << 20;
 
 /// Smallest range worth a system call.
