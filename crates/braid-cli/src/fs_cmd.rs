@@ -69,6 +69,10 @@ pub struct MountArgs {
     /// Microseconds the completion thread busy-polls before sleeping.
     #[arg(long, default_value_t = 20)]
     poll_spin_us: u64,
+    /// Microseconds a thread that sent a kernel request to the server busy-polls for the
+    /// reply before leaving it to the completion thread (0: never).
+    #[arg(long, default_value_t = 0)]
+    reply_spin_us: u64,
     /// Threads reading /dev/fuse.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -134,8 +138,9 @@ fn mount_cmd(a: &MountArgs) -> Result<()> {
         .iter()
         .map(|r| braid::RailAddr::new(Some(r.local.into()), r.remote_sa()))
         .collect();
-    let client =
-        Client::connect(&ctx, &ClientConfig::new(rails)).context("connecting to the server")?;
+    let mut ccfg = ClientConfig::new(rails);
+    ccfg.poll_spin = Duration::from_micros(a.poll_spin_us.min(100_000));
+    let client = Client::connect(&ctx, &ccfg).context("connecting to the server")?;
     let mut cfg = MountConfig::new(&a.mountpoint);
     cfg.attr_timeout = timeout(a.attr_timeout, "--attr-timeout")?;
     cfg.entry_timeout = timeout(a.entry_timeout, "--entry-timeout")?;
@@ -143,6 +148,7 @@ fn mount_cmd(a: &MountArgs) -> Result<()> {
     cfg.allow_other = a.allow_other;
     cfg.readahead_kib = a.readahead_kib.max(4);
     cfg.threads = a.threads.clamp(1, 64);
+    cfg.poll_spin = Duration::from_micros(a.reply_spin_us.min(100_000));
     cfg.fsname = format!("braid-fs:{}", a.rails[0].remote);
     let m = mount(client, cfg)?;
     eprintln!(

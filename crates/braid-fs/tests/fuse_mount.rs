@@ -219,6 +219,90 @@ fn close_to_open_between_two_clients() {
     assert_eq!(fs::read(b.mountpoint().join("g")).unwrap(), b"three");
 }
 
+/// The attributes the mount keeps from replies (the parent's from create and unlink, the
+/// file's from the write and the close's commit) are what the server has, and a name this
+/// mount removed and another client made again shows after the entry timeout. With and
+/// without the reply spin.
+#[test]
+fn attributes_from_replies_stay_exact() {
+    require_fuse!();
+    for spin in [Duration::ZERO, Duration::from_micros(300)] {
+        let lb = Loopback::new(1);
+        let m = lb.mount("m", |c| {
+            c.attr_timeout = Duration::from_secs(30);
+            c.entry_timeout = Duration::from_millis(300);
+            c.poll_spin = spin;
+        });
+        let (root, exp) = (m.mountpoint().to_path_buf(), lb.export());
+        for i in 0..20 {
+            let p = root.join(format!("m{i}"));
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&p)
+                .unwrap();
+            f.write_all(b"x").unwrap();
+            drop(f);
+            let (mine, server) = (
+                fs::metadata(&p).unwrap(),
+                fs::metadata(exp.join(format!("m{i}"))).unwrap(),
+            );
+            assert_eq!(mine.len(), 1);
+            assert_eq!(
+                (mine.mtime(), mine.mtime_nsec()),
+                (server.mtime(), server.mtime_nsec()),
+                "stat after close shows the server's modification time"
+            );
+            let (dir, dir_srv) = (fs::metadata(&root).unwrap(), fs::metadata(&exp).unwrap());
+            assert_eq!(
+                (dir.mtime(), dir.mtime_nsec(), dir.nlink()),
+                (dir_srv.mtime(), dir_srv.mtime_nsec(), dir_srv.nlink()),
+                "the directory's attributes after a create"
+            );
+            // Appending through another open: the size follows.
+            let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+            f.write_all(b"yz").unwrap();
+            drop(f);
+            assert_eq!(fs::metadata(&p).unwrap().len(), 3);
+            // A second name and its removal: the link count follows.
+            let h = root.join(format!("h{i}"));
+            fs::hard_link(&p, &h).unwrap();
+            assert_eq!(fs::metadata(&p).unwrap().nlink(), 2);
+            fs::remove_file(&h).unwrap();
+            assert_eq!(fs::metadata(&p).unwrap().nlink(), 1);
+            fs::remove_file(&p).unwrap();
+            let (dir, dir_srv) = (fs::metadata(&root).unwrap(), fs::metadata(&exp).unwrap());
+            assert_eq!(
+                (dir.mtime(), dir.mtime_nsec()),
+                (dir_srv.mtime(), dir_srv.mtime_nsec()),
+                "the directory's attributes after an unlink"
+            );
+            assert_eq!(
+                errno(&fs::metadata(&p).unwrap_err()),
+                libc::ENOENT,
+                "a removed name"
+            );
+        }
+        // Removed here, made again by someone else: visible within the entry timeout.
+        let p = root.join("m0");
+        assert!(!p.exists());
+        fs::write(exp.join("m0"), b"elsewhere").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !p.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "a name made by another client never showed"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(fs::read(&p).unwrap(), b"elsewhere");
+        // Made again through this mount: visible at once.
+        fs::remove_file(&p).unwrap();
+        fs::write(&p, b"again").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"again");
+    }
+}
+
 /// Permission bits are enforced for other users (default_permissions).
 #[test]
 fn permissions_for_other_users() {

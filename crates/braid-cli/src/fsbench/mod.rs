@@ -159,6 +159,10 @@ pub struct FsBenchArgs {
     /// Region the client library reads into and writes from (one `read_at`/`write_at` each).
     #[arg(long, default_value = "256M", value_parser = parse::parse_size)]
     pub lib_buffer: usize,
+    /// Extra arguments for every `braid fs mount` (one string, split at spaces), e.g.
+    /// "--reply-spin-us 300 --threads 1".
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub mount_args: String,
     /// Parent of the run's temp dir: must be on a real disk, not tmpfs.
     #[arg(long, default_value = "/var/tmp")]
     pub dir: PathBuf,
@@ -369,7 +373,10 @@ fn run_net(ctx: &Ctx, tb: &Testbed, net: &str, tmp: &Path, out: &mut Vec<Row>) -
                 for &r in &args.braid_rails {
                     if sys == SystemKind::BraidMount {
                         let tag = format!("{net}-{r}");
-                        services.push(systems::start_braid_mount(exe, tb, fs, tmp, r, &tag, &[])?);
+                        let extra: Vec<&str> = args.mount_args.split_whitespace().collect();
+                        services.push(systems::start_braid_mount(
+                            exe, tb, fs, tmp, r, &tag, &extra,
+                        )?);
                     } else {
                         let c = libclient::LibClient::connect(tb, r, &fs.secret, args.lib_buffer)?;
                         libs.push(Target {

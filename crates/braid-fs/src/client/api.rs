@@ -131,18 +131,20 @@ impl Client {
 
     /// Removes a name.
     pub fn unlink(&self, parent: NodeId, name: &[u8]) -> Result<(), Error> {
-        self.empty(Request::Unlink {
+        self.attr(Request::Unlink {
             parent,
             name: name.to_vec(),
         })
+        .map(|_parent_attr| ())
     }
 
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: NodeId, name: &[u8]) -> Result<(), Error> {
-        self.empty(Request::Rmdir {
+        self.attr(Request::Rmdir {
             parent,
             name: name.to_vec(),
         })
+        .map(|_parent_attr| ())
     }
 
     /// Renames (`flags`: `renameat2`'s `RENAME_NOREPLACE`, `RENAME_EXCHANGE`).
@@ -231,7 +233,7 @@ impl Client {
             flags: flags as u32,
             creds: creds(),
         })? {
-            Reply::Created(e, o) => Ok((e, self.file(o, e.node, flags, 1))),
+            Reply::Created(e, o, _) => Ok((e, self.file(o, e.node, flags, 1))),
             r => Err(unexpected("Create", r)),
         }
     }

@@ -7,23 +7,23 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request as FuseReq,
-    TimeOrNow, WriteFlags,
+    FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request as FuseReq, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
 use super::MountConfig;
+use super::known::Known;
 use super::pool::Pool;
-use crate::client::{Client, Error, FileState};
+use super::shared::{DirHandle, Handle, Shared, errno, kind};
+use crate::client::Client;
 use crate::proto::{
-    Attr, COMMIT_DATASYNC, COMMIT_SYNC, COMMIT_TOUCH, Creds, DirEntry, Entry, NodeId, Reply,
-    Request, SetAttr, TimeSet, Timestamp,
+    COMMIT_DATASYNC, COMMIT_SYNC, DirEntry, Reply, Request, SetAttr, TimeSet, Timestamp,
 };
 
 /// Small writes that grow a file travel inside a request (one round trip, no `MapRegion`).
@@ -31,78 +31,11 @@ const INLINE_GROWTH_MAX: usize = 32 * 1024;
 /// How long a kernel request may wait for a free buffer.
 const BUFFER_WAIT: Duration = Duration::from_secs(30);
 
-fn errno(e: &Error) -> fuser::Errno {
-    fuser::Errno::from_i32(e.errno().raw())
-}
-
-fn kind(mode: u32) -> FileType {
-    match mode & libc::S_IFMT {
-        libc::S_IFDIR => FileType::Directory,
-        libc::S_IFLNK => FileType::Symlink,
-        libc::S_IFIFO => FileType::NamedPipe,
-        libc::S_IFCHR => FileType::CharDevice,
-        libc::S_IFBLK => FileType::BlockDevice,
-        libc::S_IFSOCK => FileType::Socket,
-        _ => FileType::RegularFile,
-    }
-}
-
-/// The kernel's view of an object: `st_ino` is the node id (FUSE uses one number for both).
-fn file_attr(node: u64, a: &Attr) -> FileAttr {
-    let ctime = a.ctime.to_system_time();
-    FileAttr {
-        ino: INodeNo(node),
-        size: a.size,
-        blocks: a.blocks,
-        atime: a.atime.to_system_time(),
-        mtime: a.mtime.to_system_time(),
-        ctime,
-        crtime: ctime,
-        kind: kind(a.mode),
-        perm: (a.mode & 0o7777) as u16,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: a.rdev,
-        blksize: a.blksize.max(4096),
-        flags: 0,
-    }
-}
-
 fn timeset(t: Option<TimeOrNow>) -> TimeSet {
     match t {
         None => TimeSet::Omit,
         Some(TimeOrNow::Now) => TimeSet::Now,
         Some(TimeOrNow::SpecificTime(t)) => TimeSet::At(Timestamp::from_system_time(t)),
-    }
-}
-
-/// An open file of the kernel's.
-struct Handle {
-    /// The server's handle.
-    fh: u64,
-    state: Arc<FileState>,
-}
-
-/// An open directory: the server's handle and the last batch of entries.
-struct DirHandle {
-    dh: u64,
-    /// The offset the batch was read from, and the batch.
-    from: u64,
-    entries: Vec<DirEntry>,
-    eof: bool,
-}
-
-impl DirHandle {
-    /// Index in the batch of the first entry after `offset`.
-    fn position(&self, offset: u64) -> Option<usize> {
-        if offset == self.from {
-            return Some(0);
-        }
-        self.entries
-            .iter()
-            .position(|e| e.next_offset == offset)
-            .map(|i| i + 1)
     }
 }
 
@@ -117,138 +50,6 @@ fn fill(entries: &[DirEntry], reply: &mut ReplyDirectory) {
         ) {
             break;
         }
-    }
-}
-
-/// State the reply callbacks share with the request handlers.
-pub(crate) struct Shared {
-    client: Client,
-    generation: u64,
-    attr_ttl: Duration,
-    entry_ttl: Duration,
-    sync_on_close: bool,
-    pool: Arc<Pool>,
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
-    dirs: Mutex<HashMap<u64, Arc<Mutex<DirHandle>>>>,
-    next: AtomicU64,
-    /// (size, mtime) the kernel was last told of each node.
-    seen: Mutex<HashMap<u64, (u64, Timestamp)>>,
-    pub(crate) notifier: Mutex<Option<fuser::Notifier>>,
-}
-
-impl Shared {
-    fn node(&self, ino: INodeNo) -> NodeId {
-        NodeId {
-            id: ino.0,
-            generation: self.generation,
-        }
-    }
-
-    /// Records what the kernel is told; true if it differs from what it was told before.
-    fn note(&self, node: u64, a: &Attr) -> bool {
-        let now = (a.size, a.mtime);
-        self.seen
-            .lock()
-            .insert(node, now)
-            .is_some_and(|before| before != now)
-    }
-
-    fn attr(&self, node: u64, a: &Attr) -> FileAttr {
-        self.note(node, a);
-        file_attr(node, a)
-    }
-
-    fn reply_entry(&self, reply: ReplyEntry, r: Result<Reply, Error>) {
-        match r {
-            Ok(Reply::Entry(e)) => self.entry(reply, &e),
-            Ok(_) => reply.error(fuser::Errno::EIO),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn entry(&self, reply: ReplyEntry, e: &Entry) {
-        let fa = self.attr(e.node.id, &e.attr);
-        reply.entry_with_ttls(
-            &self.attr_ttl,
-            &self.entry_ttl,
-            &fa,
-            Generation(e.node.generation),
-        );
-    }
-
-    fn reply_empty(reply: ReplyEmpty, r: Result<Reply, Error>) {
-        match r {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn reply_attr(&self, reply: ReplyAttr, node: u64, r: Result<Reply, Error>) {
-        match r {
-            Ok(Reply::Attr(a)) => reply.attr(&self.attr_ttl, &self.attr(node, &a)),
-            Ok(_) => reply.error(fuser::Errno::EIO),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn handle(&self, fh: FileHandle) -> Option<Arc<Handle>> {
-        self.handles.lock().get(&fh.0).cloned()
-    }
-
-    fn add_handle(&self, h: Handle) -> FileHandle {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().insert(id, Arc::new(h));
-        FileHandle(id)
-    }
-
-    /// Open flags for the kernel: keep its cached pages unless the file changed since it
-    /// last heard of it (then also drop its cached attributes: close-to-open).
-    fn open_flags(&self, ino: u64, a: &Attr) -> FopenFlags {
-        if self.note(ino, a) {
-            if let Some(n) = self.notifier.lock().as_ref()
-                && let Err(e) = n.inval_inode(INodeNo(ino), -1, 0)
-            {
-                tracing::debug!("invalidating cached attributes of {ino}: {e}");
-            }
-            FopenFlags::empty()
-        } else {
-            FopenFlags::FOPEN_KEEP_CACHE
-        }
-    }
-
-    fn creds(req: &FuseReq, umask: u32) -> Creds {
-        Creds {
-            uid: req.uid(),
-            gid: req.gid(),
-            umask,
-        }
-    }
-
-    /// Waits (without blocking) for the file's writes, then commits with `flags` (plus
-    /// `COMMIT_TOUCH` when written since the last commit) if `always` or written.
-    fn commit(
-        self: &Arc<Self>,
-        h: Arc<Handle>,
-        flags: u32,
-        always: bool,
-        done: impl FnOnce(Result<(), Error>) + Send + 'static,
-    ) {
-        let me = self.clone();
-        let state = h.state.clone();
-        state.when_idle(Box::new(move || {
-            let (dirty, err) = h.state.take_flush_state();
-            if let Some(e) = err {
-                return done(Err(Error::Remote(e)));
-            }
-            if !(dirty || always) {
-                return done(Ok(()));
-            }
-            let flags = flags | if dirty { COMMIT_TOUCH } else { 0 };
-            me.client
-                .call_async(&Request::Commit { fh: h.fh, flags }, move |r| {
-                    done(r.map(|_| ()))
-                });
-        }));
     }
 }
 
@@ -273,6 +74,8 @@ impl BraidFs {
                 dirs: Mutex::new(HashMap::new()),
                 next: AtomicU64::new(1),
                 seen: Mutex::new(HashMap::new()),
+                known: Known::new(cfg.attr_timeout, cfg.entry_timeout),
+                spin: cfg.poll_spin,
                 notifier: Mutex::new(None),
             }),
             readahead: cfg.readahead_kib.saturating_mul(1024),
@@ -311,17 +114,22 @@ impl Filesystem for BraidFs {
 
     fn lookup(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let s = self.shared.clone();
+        let name = Self::name(name);
+        if s.known.is_absent(parent.0, &name) {
+            return reply.error(fuser::Errno::ENOENT);
+        }
+        let epoch = s.known.epoch();
         let req = Request::Lookup {
             parent: s.node(parent),
-            name: Self::name(name),
+            name,
         };
         self.shared
-            .client
-            .call_async(&req, move |r| s.reply_entry(reply, r));
+            .call(&req, move |r| s.reply_entry(reply, epoch, r));
     }
 
     fn forget(&self, _req: &FuseReq, ino: INodeNo, nlookup: u64) {
         if ino != INodeNo::ROOT {
+            self.shared.known.drop_node(ino.0);
             let node = self.shared.node(ino);
             self.shared.client.call_async(
                 &Request::Forget {
@@ -335,17 +143,29 @@ impl Filesystem for BraidFs {
     fn getattr(&self, _req: &FuseReq, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let s = self.shared.clone();
         let node = s.node(ino);
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
         let ask = move || {
+            // Known from a recent reply (the kernel dropped its copy after a change this
+            // client made and whose reply carried the attributes after it).
+            if let Some((a, left)) = s.known.attr(node.id) {
+                reply.attr(&left, &s.attr(node.id, &a));
+                return d.store(true, Ordering::Release);
+            }
+            let epoch = s.known.epoch();
             let s2 = s.clone();
-            s.client.call_async(&Request::GetAttr { node }, move |r| {
-                s2.reply_attr(reply, node.id, r)
-            });
+            s.send(
+                &Request::GetAttr { node },
+                move |r| s2.reply_attr(reply, node.id, epoch, r),
+                d,
+            );
         };
         // Writes this client has acknowledged must show in the size and times.
         match self.shared.client.inner.existing_file_state(node) {
             Some(st) => st.when_idle(Box::new(ask)),
             None => ask(),
         }
+        self.shared.help(&done);
     }
 
     fn setattr(
@@ -378,11 +198,15 @@ impl Filesystem for BraidFs {
             mtime: timeset(mtime),
         };
         let state = s.client.inner.existing_file_state(node);
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
         let go = {
             let state = state.clone();
             move || {
+                s.known.forget(&[node.id]);
+                let epoch = s.known.epoch();
                 let s2 = s.clone();
-                s.client.call_async(
+                s.send(
                     &Request::SetAttr {
                         node,
                         fh: srv_fh,
@@ -392,8 +216,9 @@ impl Filesystem for BraidFs {
                         if let (Some(st), Ok(Reply::Attr(a)), Some(_)) = (&state, &r, size) {
                             st.set_size(a.size);
                         }
-                        s2.reply_attr(reply, node.id, r)
+                        s2.reply_attr(reply, node.id, epoch, r)
                     },
+                    d,
                 );
             }
         };
@@ -402,13 +227,13 @@ impl Filesystem for BraidFs {
             Some(st) if size.is_some() => st.when_idle(Box::new(go)),
             _ => go(),
         }
+        self.shared.help(&done);
     }
 
     fn readlink(&self, _req: &FuseReq, ino: INodeNo, reply: ReplyData) {
         let node = self.shared.node(ino);
         self.shared
-            .client
-            .call_async(&Request::ReadLink { node }, move |r| match r {
+            .call(&Request::ReadLink { node }, move |r| match r {
                 Ok(Reply::Link(t)) => reply.data(&t),
                 Ok(_) => reply.error(fuser::Errno::EIO),
                 Err(e) => reply.error(errno(&e)),
@@ -426,16 +251,19 @@ impl Filesystem for BraidFs {
         reply: ReplyEntry,
     ) {
         let s = self.shared.clone();
+        let name = Self::name(name);
+        s.known.forget(&[parent.0]);
+        s.known.named(parent.0, &name);
+        let epoch = s.known.epoch();
         let r = Request::Mknod {
             parent: s.node(parent),
-            name: Self::name(name),
+            name,
             mode,
             rdev,
             creds: Shared::creds(req, umask),
         };
         self.shared
-            .client
-            .call_async(&r, move |r| s.reply_entry(reply, r));
+            .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
     fn mkdir(
@@ -448,35 +276,64 @@ impl Filesystem for BraidFs {
         reply: ReplyEntry,
     ) {
         let s = self.shared.clone();
+        let name = Self::name(name);
+        s.known.forget(&[parent.0]);
+        s.known.named(parent.0, &name);
+        let epoch = s.known.epoch();
         let r = Request::Mkdir {
             parent: s.node(parent),
-            name: Self::name(name),
+            name,
             mode,
             creds: Shared::creds(req, umask),
         };
         self.shared
-            .client
-            .call_async(&r, move |r| s.reply_entry(reply, r));
+            .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
     fn unlink(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let s = self.shared.clone();
+        let name = Self::name(name);
+        // The removed object's link count and times change too, and it is known here
+        // only by name.
+        s.known.forget_all();
+        let epoch = s.known.epoch();
         let r = Request::Unlink {
-            parent: self.shared.node(parent),
-            name: Self::name(name),
+            parent: s.node(parent),
+            name: name.clone(),
         };
-        self.shared
-            .client
-            .call_async(&r, move |r| Shared::reply_empty(reply, r));
+        self.shared.call(&r, move |r| match r {
+            Ok(reply_body) => {
+                if let Reply::Attr(a) = &reply_body {
+                    s.known.learn(epoch, parent.0, a);
+                }
+                s.known.removed(parent.0, &name);
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     fn rmdir(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let s = self.shared.clone();
+        let name = Self::name(name);
+        // The removed object's link count and times change too, and it is known here
+        // only by name.
+        s.known.forget_all();
+        let epoch = s.known.epoch();
         let r = Request::Rmdir {
-            parent: self.shared.node(parent),
-            name: Self::name(name),
+            parent: s.node(parent),
+            name: name.clone(),
         };
-        self.shared
-            .client
-            .call_async(&r, move |r| Shared::reply_empty(reply, r));
+        self.shared.call(&r, move |r| match r {
+            Ok(reply_body) => {
+                if let Reply::Attr(a) = &reply_body {
+                    s.known.learn(epoch, parent.0, a);
+                }
+                s.known.removed(parent.0, &name);
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     fn symlink(
@@ -488,15 +345,18 @@ impl Filesystem for BraidFs {
         reply: ReplyEntry,
     ) {
         let s = self.shared.clone();
+        let name = Self::name(link_name);
+        s.known.forget(&[parent.0]);
+        s.known.named(parent.0, &name);
+        let epoch = s.known.epoch();
         let r = Request::Symlink {
             parent: s.node(parent),
-            name: Self::name(link_name),
+            name,
             target: target.as_os_str().as_bytes().to_vec(),
             creds: Shared::creds(req, 0),
         };
         self.shared
-            .client
-            .call_async(&r, move |r| s.reply_entry(reply, r));
+            .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
     fn rename(
@@ -509,6 +369,8 @@ impl Filesystem for BraidFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.shared.known.forget_all();
+        self.shared.known.named(newparent.0, newname.as_bytes());
         let r = Request::Rename {
             parent: self.shared.node(parent),
             name: Self::name(name),
@@ -516,9 +378,7 @@ impl Filesystem for BraidFs {
             new_name: Self::name(newname),
             flags: flags.bits(),
         };
-        self.shared
-            .client
-            .call_async(&r, move |r| Shared::reply_empty(reply, r));
+        self.shared.call(&r, move |r| Shared::reply_empty(reply, r));
     }
 
     fn link(
@@ -530,31 +390,42 @@ impl Filesystem for BraidFs {
         reply: ReplyEntry,
     ) {
         let s = self.shared.clone();
+        s.known.forget_all();
+        s.known.named(newparent.0, newname.as_bytes());
+        let epoch = s.known.epoch();
         let r = Request::Link {
             node: s.node(ino),
             new_parent: s.node(newparent),
             new_name: Self::name(newname),
         };
         self.shared
-            .client
-            .call_async(&r, move |r| s.reply_entry(reply, r));
+            .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
     fn open(&self, _req: &FuseReq, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let s = self.shared.clone();
         let node = s.node(ino);
         let f = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_APPEND);
-        self.shared.client.call_async(
+        if f & libc::O_TRUNC != 0 {
+            s.known.forget(&[node.id]);
+        }
+        let epoch = s.known.epoch();
+        self.shared.call(
             &Request::Open {
                 node,
                 flags: f as u32,
             },
             move |r| match r {
                 Ok(Reply::Opened(o)) => {
+                    s.known.learn(epoch, node.id, &o.attr);
                     let state = s.client.inner.file_state(node);
                     state.opened(o.attr.size, o.region);
                     let fopen = s.open_flags(node.id, &o.attr);
-                    let fh = s.add_handle(Handle { fh: o.fh, state });
+                    let fh = s.add_handle(Handle {
+                        fh: o.fh,
+                        node: node.id,
+                        state,
+                    });
                     reply.opened(fh, fopen);
                 }
                 Ok(_) => reply.error(fuser::Errno::EIO),
@@ -626,10 +497,15 @@ impl Filesystem for BraidFs {
         if data.len() <= INLINE_GROWTH_MAX && end > h.state.size() {
             // A small write that grows the file: one request carries it (after this
             // client's earlier writes, so it lands last).
-            let (client, data, state) = (s.client.clone(), data.to_vec(), h.state.clone());
-            let srv_fh = h.fh;
+            let (sh, data, state) = (s.clone(), data.to_vec(), h.state.clone());
+            let (srv_fh, node) = (h.fh, h.node);
+            let done = Arc::new(AtomicBool::new(false));
+            let d = done.clone();
             h.state.when_idle(Box::new(move || {
-                client.call_async(
+                sh.known.forget(&[node]);
+                let epoch = sh.known.epoch();
+                let sh2 = sh.clone();
+                sh.send(
                     &Request::Write {
                         fh: srv_fh,
                         offset,
@@ -637,19 +513,24 @@ impl Filesystem for BraidFs {
                     },
                     move |r| match r {
                         Ok(Reply::Written(n, a)) => {
+                            sh2.known.learn(epoch, node, &a);
                             state.grown(a.size);
                             reply.written(n);
                         }
                         Ok(_) => reply.error(fuser::Errno::EIO),
                         Err(e) => reply.error(errno(&e)),
                     },
+                    d,
                 );
             }));
+            s.help(&done);
             return;
         }
         let Some(slot) = s.pool.take(BUFFER_WAIT) else {
             return reply.error(fuser::Errno::EAGAIN);
         };
+        // Size and times change: known again after the next commit.
+        s.known.forget(&[h.node]);
         if s.pool.fill(slot, data).is_err() {
             s.pool.give(slot);
             return reply.error(fuser::Errno::EIO);
@@ -680,10 +561,16 @@ impl Filesystem for BraidFs {
         };
         let always = self.shared.sync_on_close;
         let flags = if always { COMMIT_SYNC } else { 0 };
-        self.shared.commit(h, flags, always, move |r| match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        self.shared.commit(h, flags, always, move |r| {
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+            d.store(true, Ordering::Release);
         });
+        self.shared.help(&done);
     }
 
     fn release(
@@ -723,17 +610,22 @@ impl Filesystem for BraidFs {
         } else {
             COMMIT_SYNC
         };
-        self.shared.commit(h, flags, true, move |r| match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        self.shared.commit(h, flags, true, move |r| {
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+            d.store(true, Ordering::Release);
         });
+        self.shared.help(&done);
     }
 
     fn opendir(&self, _req: &FuseReq, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let s = self.shared.clone();
         self.shared
-            .client
-            .call_async(&Request::OpenDir { node: s.node(ino) }, move |r| match r {
+            .call(&Request::OpenDir { node: s.node(ino) }, move |r| match r {
                 Ok(Reply::Handle(dh)) => {
                     let id = s.next.fetch_add(1, Ordering::Relaxed);
                     let d = DirHandle {
@@ -777,7 +669,7 @@ impl Filesystem for BraidFs {
             offset,
             max_bytes: 32 * 1024,
         };
-        self.shared.client.call_async(&req, move |r| match r {
+        self.shared.call(&req, move |r| match r {
             Ok(Reply::Dir(entries, eof)) => {
                 let mut g = d.lock();
                 g.from = offset;
@@ -809,15 +701,13 @@ impl Filesystem for BraidFs {
     }
 
     fn statfs(&self, _req: &FuseReq, _ino: INodeNo, reply: ReplyStatfs) {
-        self.shared
-            .client
-            .call_async(&Request::StatFs, move |r| match r {
-                Ok(Reply::StatFs(s)) => reply.statfs(
-                    s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
-                ),
-                Ok(_) => reply.error(fuser::Errno::EIO),
-                Err(e) => reply.error(errno(&e)),
-            });
+        self.shared.call(&Request::StatFs, move |r| match r {
+            Ok(Reply::StatFs(s)) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+            ),
+            Ok(_) => reply.error(fuser::Errno::EIO),
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     fn create(
@@ -831,20 +721,30 @@ impl Filesystem for BraidFs {
         reply: ReplyCreate,
     ) {
         let s = self.shared.clone();
+        let name = Self::name(name);
+        s.known.forget(&[parent.0]);
+        s.known.named(parent.0, &name);
+        let epoch = s.known.epoch();
         let r = Request::Create {
             parent: s.node(parent),
-            name: Self::name(name),
+            name,
             mode,
             flags: (flags & (libc::O_ACCMODE | libc::O_EXCL | libc::O_TRUNC | libc::O_APPEND))
                 as u32,
             creds: Shared::creds(req, umask),
         };
-        self.shared.client.call_async(&r, move |r| match r {
-            Ok(Reply::Created(e, o)) => {
+        self.shared.call(&r, move |r| match r {
+            Ok(Reply::Created(e, o, parent_attr)) => {
+                s.known.learn(epoch, e.node.id, &e.attr);
+                s.known.learn(epoch, parent.0, &parent_attr);
                 let state = s.client.inner.file_state(e.node);
                 state.opened(o.attr.size, o.region);
                 let fa = s.attr(e.node.id, &e.attr);
-                let fh = s.add_handle(Handle { fh: o.fh, state });
+                let fh = s.add_handle(Handle {
+                    fh: o.fh,
+                    node: e.node.id,
+                    state,
+                });
                 reply.created(
                     &s.attr_ttl,
                     &fa,

@@ -20,7 +20,9 @@
 //! ```
 
 mod fs;
+mod known;
 mod pool;
+mod shared;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -51,6 +53,12 @@ pub struct MountConfig {
     pub readahead_kib: u32,
     /// Threads reading `/dev/fuse` (default 2).
     pub threads: usize,
+    /// How long a thread that read a request from `/dev/fuse` and sent it to the server
+    /// busy-polls for the reply before leaving it to the client's completion thread
+    /// (default zero: never). A reply read there reaches the kernel without waking the
+    /// progress engine and the completion thread, but on a loaded 2-core host the spinning
+    /// thread slowed the metadata loop down (docs/FS-BENCH.md), so it is off by default.
+    pub poll_spin: Duration,
     /// Let other users access the mount (`allow_other`).
     pub allow_other: bool,
     /// The source shown in `/proc/mounts`.
@@ -68,6 +76,7 @@ impl MountConfig {
             buffers: 64,
             readahead_kib: 8192,
             threads: 2,
+            poll_spin: Duration::ZERO,
             allow_other: false,
             fsname: "braid-fs".into(),
         }

@@ -21,19 +21,21 @@
 mod codec;
 mod errno;
 mod message;
+mod reply;
 mod types;
 
 pub use errno::Errno;
 pub use message::{
-    COMMIT_DATASYNC, COMMIT_SYNC, COMMIT_TOUCH, Header, HelloReply, Mapped, Op, Opened, Reply,
-    Request, Role, decode_header, decode_reply, decode_request, encode_reply, encode_request,
+    COMMIT_DATASYNC, COMMIT_SYNC, COMMIT_TOUCH, Header, Op, Request, Role, decode_header,
+    decode_request, encode_request,
 };
+pub use reply::{HelloReply, Mapped, Opened, Reply, decode_reply, encode_reply};
 pub use types::{
     Attr, Creds, DirEntry, Entry, NodeId, RegionInfo, SetAttr, StatFs, TimeSet, Timestamp,
 };
 
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// First two bytes of every message.
 pub const MAGIC: u16 = 0x4642;
 /// Bytes of the header.

@@ -247,7 +247,8 @@ fn reply() -> impl Strategy<Value = (Op, Reply)> {
         Just((Op::Rename, Reply::Empty)),
         path().prop_map(|p| (Op::ReadLink, Reply::Link(p))),
         opened().prop_map(|o| (Op::Open, Reply::Opened(o))),
-        (entry(), opened()).prop_map(|(e, o)| (Op::Create, Reply::Created(e, o))),
+        (entry(), opened(), attr()).prop_map(|(e, o, p)| (Op::Create, Reply::Created(e, o, p))),
+        attr().prop_map(|a| (Op::Unlink, Reply::Attr(a))),
         (attr(), region())
             .prop_map(|(attr, region)| (Op::MapRegion, Reply::Mapped(Mapped { attr, region }))),
         (any::<u32>(), attr()).prop_map(|(n, a)| (Op::Write, Reply::Written(n, a))),
@@ -396,8 +397,12 @@ fn header_checks() {
         Err(DecodeError::BadMagic(_))
     ));
     let mut bad = m.clone();
-    bad[2] = 2;
-    assert_eq!(decode_request(&bad), Err(DecodeError::Version(2)));
+    // Version 1 (before the create and unlink replies carried the parent's attributes),
+    // and a future one.
+    bad[2] = 1;
+    assert_eq!(decode_request(&bad), Err(DecodeError::Version(1)));
+    bad[2] = VERSION + 1;
+    assert_eq!(decode_request(&bad), Err(DecodeError::Version(VERSION + 1)));
     let mut bad = m.clone();
     bad[4] = 99;
     assert_eq!(decode_request(&bad), Err(DecodeError::UnknownOp(99)));

@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, SeekFrom, Timespec, Timestamps};
 
 use super::inode::{Inode, InodeTable, dev_from_wire, empty_path, open_beneath, os, resolve_flags};
+use super::writeback::Writeback;
 use crate::proto::{
     Attr, COMMIT_DATASYNC, COMMIT_SYNC, COMMIT_TOUCH, Creds, DirEntry, Entry, Errno, MAX_MSG,
     Mapped, NodeId, Opened, Reply, Request, SetAttr, StatFs, TimeSet,
@@ -76,6 +77,8 @@ pub(crate) struct Export {
     as_root: bool,
     /// This process's umask, which the kernel applies on creation.
     process_umask: u32,
+    /// Starts the writeback of what clients have written (before their commit).
+    writeback: Writeback,
 }
 
 fn random_u64() -> u64 {
@@ -120,6 +123,7 @@ impl Export {
             read_only,
             as_root: rustix::process::geteuid().is_root(),
             process_umask: old.as_raw_mode(),
+            writeback: Writeback::start(),
         })
     }
 
@@ -313,12 +317,12 @@ impl Export {
             Request::Unlink { parent, name } => {
                 let p = self.table.get(parent)?;
                 rustix::fs::unlinkat(p.dir()?, os(&name)?, AtFlags::empty())?;
-                Ok(Reply::Empty)
+                Ok(Reply::Attr(p.attr()?))
             }
             Request::Rmdir { parent, name } => {
                 let p = self.table.get(parent)?;
                 rustix::fs::unlinkat(p.dir()?, os(&name)?, AtFlags::REMOVEDIR)?;
-                Ok(Reply::Empty)
+                Ok(Reply::Attr(p.attr()?))
             }
             Request::Symlink {
                 parent,
@@ -579,6 +583,7 @@ impl Export {
                 attr: opened.attr,
             },
             opened,
+            p.attr()?,
         ))
     }
 
@@ -599,6 +604,10 @@ impl Export {
             let region = r.ensure(&self.ctx, &f.fd, attr.size, true)?;
             // The client grows a file just before writing the new range.
             r.populate(old, attr.size);
+            // ... and has had time to fill what lies well before the old end.
+            if let Some((from, to)) = r.writeback_range(old) {
+                self.writeback.request(&f.fd, from, to);
+            }
             return Ok(Mapped { attr, region });
         }
         let region = r.ensure(&self.ctx, &f.fd, attr.size, f.writable && !self.read_only)?;

@@ -19,6 +19,7 @@ mod conn;
 mod export;
 mod inode;
 mod region;
+mod writeback;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

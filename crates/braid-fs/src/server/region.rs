@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use braid::{Access, Context, Region};
 
+use super::writeback::{LAG, STEP};
 use crate::proto::{Errno, RegionInfo};
 
 /// One registration of a file's pages (`Context::register_file`): dropping it revokes the
@@ -77,6 +78,8 @@ pub(crate) struct FileRegions {
     read_only: Vec<Arc<FileRegion>>,
     read_write: Vec<Arc<FileRegion>>,
     generation: u64,
+    /// Where the last early writeback ended (see [`super::writeback`]).
+    pub(crate) written_back: u64,
 }
 
 impl FileRegions {
@@ -151,5 +154,50 @@ impl FileRegions {
     pub(crate) fn clear(&mut self) {
         self.read_only.clear();
         self.read_write.clear();
+        self.written_back = 0;
+    }
+
+    /// The range whose writeback should start now that a client grows the file from
+    /// `old` bytes: from where the last one ended to [`LAG`] bytes before `old`, if that is
+    /// at least [`STEP`] bytes. Records it as started.
+    pub(crate) fn writeback_range(&mut self, old: u64) -> Option<(u64, u64)> {
+        // Shrunk since (truncated and written again): start over from there.
+        self.written_back = self.written_back.min(old / STEP * STEP);
+        let to = old.saturating_sub(LAG) / STEP * STEP;
+        if to < self.written_back + STEP {
+            return None;
+        }
+        let from = self.written_back;
+        self.written_back = to;
+        Some((from, to))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn writeback_trails_the_growth_in_steps_and_starts_over_after_a_shrink() {
+        let mut r = FileRegions::default();
+        // Nothing until the old end is a step past the lag.
+        assert_eq!(r.writeback_range(0), None);
+        assert_eq!(r.writeback_range(LAG + STEP - 1), None);
+        assert_eq!(r.writeback_range(LAG + STEP), Some((0, STEP)));
+        // Less than a step more: wait.
+        assert_eq!(r.writeback_range(LAG + STEP + MIB), None);
+        // Ranges follow each other without gaps or overlaps, in whole steps.
+        assert_eq!(
+            r.writeback_range(LAG + 3 * STEP + MIB),
+            Some((STEP, 3 * STEP))
+        );
+        // Truncated and written again: from the new end's step on.
+        assert_eq!(r.writeback_range(STEP + MIB), None);
+        assert_eq!(r.written_back, STEP);
+        assert_eq!(r.writeback_range(LAG + 2 * STEP), Some((STEP, 2 * STEP)));
+        r.clear();
+        assert_eq!(r.written_back, 0);
     }
 }

@@ -369,7 +369,7 @@ fn create_write_grow_readdir_rename() {
         gid: 0,
         umask: 0o022,
     };
-    let Reply::Created(e, o) = f
+    let Reply::Created(e, o, _) = f
         .call(Request::Create {
             parent: root,
             name: b"a".to_vec(),

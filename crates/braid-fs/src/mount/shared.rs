@@ -1,0 +1,278 @@
+//! What the request handlers and the reply callbacks share: the open handles, what the
+//! kernel was told, the attributes known without asking (see [`super::known`]), and the
+//! conversion of replies into the kernel's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use fuser::{
+    FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyEmpty,
+    ReplyEntry, Request as FuseReq,
+};
+use parking_lot::Mutex;
+
+use super::known::Known;
+use super::pool::Pool;
+use crate::client::{Client, Error, FileState};
+use crate::proto::{Attr, COMMIT_TOUCH, Creds, DirEntry, Entry, NodeId, Reply, Request, Timestamp};
+
+pub(crate) fn errno(e: &Error) -> fuser::Errno {
+    fuser::Errno::from_i32(e.errno().raw())
+}
+
+pub(crate) fn kind(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+/// The kernel's view of an object: `st_ino` is the node id (FUSE uses one number for both).
+fn file_attr(node: u64, a: &Attr) -> FileAttr {
+    let ctime = a.ctime.to_system_time();
+    FileAttr {
+        ino: INodeNo(node),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime.to_system_time(),
+        mtime: a.mtime.to_system_time(),
+        ctime,
+        crtime: ctime,
+        kind: kind(a.mode),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize.max(4096),
+        flags: 0,
+    }
+}
+
+/// An open file of the kernel's.
+pub(crate) struct Handle {
+    /// The server's handle.
+    pub(crate) fh: u64,
+    /// The file's node id.
+    pub(crate) node: u64,
+    pub(crate) state: Arc<FileState>,
+}
+
+/// An open directory: the server's handle and the last batch of entries.
+pub(crate) struct DirHandle {
+    pub(crate) dh: u64,
+    /// The offset the batch was read from, and the batch.
+    pub(crate) from: u64,
+    pub(crate) entries: Vec<DirEntry>,
+    pub(crate) eof: bool,
+}
+
+impl DirHandle {
+    /// Index in the batch of the first entry after `offset`.
+    pub(crate) fn position(&self, offset: u64) -> Option<usize> {
+        if offset == self.from {
+            return Some(0);
+        }
+        self.entries
+            .iter()
+            .position(|e| e.next_offset == offset)
+            .map(|i| i + 1)
+    }
+}
+
+/// State the reply callbacks share with the request handlers.
+pub(crate) struct Shared {
+    pub(crate) client: Client,
+    pub(crate) generation: u64,
+    pub(crate) attr_ttl: Duration,
+    pub(crate) entry_ttl: Duration,
+    pub(crate) sync_on_close: bool,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    pub(crate) dirs: Mutex<HashMap<u64, Arc<Mutex<DirHandle>>>>,
+    pub(crate) next: AtomicU64,
+    /// (size, mtime) the kernel was last told of each node.
+    pub(crate) seen: Mutex<HashMap<u64, (u64, Timestamp)>>,
+    /// Attributes and absent names known without asking.
+    pub(crate) known: Known,
+    /// How long a thread that sent a request polls for its reply (see [`Shared::call`]).
+    pub(crate) spin: Duration,
+    pub(crate) notifier: Mutex<Option<fuser::Notifier>>,
+}
+
+impl Shared {
+    pub(crate) fn node(&self, ino: INodeNo) -> NodeId {
+        NodeId {
+            id: ino.0,
+            generation: self.generation,
+        }
+    }
+
+    /// Records what the kernel is told; true if it differs from what it was told before.
+    pub(crate) fn note(&self, node: u64, a: &Attr) -> bool {
+        let now = (a.size, a.mtime);
+        self.seen
+            .lock()
+            .insert(node, now)
+            .is_some_and(|before| before != now)
+    }
+
+    pub(crate) fn attr(&self, node: u64, a: &Attr) -> FileAttr {
+        self.note(node, a);
+        file_attr(node, a)
+    }
+
+    /// Sends `req`; `cb` gets the reply. The calling thread (one that reads `/dev/fuse`,
+    /// holding no lock) then polls for the reply for up to [`Shared::spin`] and runs `cb`
+    /// itself when it comes in time: the reply then passes no other thread of this process.
+    pub(crate) fn call(
+        &self,
+        req: &Request,
+        cb: impl FnOnce(Result<Reply, Error>) + Send + 'static,
+    ) {
+        let done = Arc::new(AtomicBool::new(false));
+        self.send(req, cb, done.clone());
+        self.help(&done);
+    }
+
+    /// Sends `req`; `done` is set after `cb` has run.
+    pub(crate) fn send(
+        &self,
+        req: &Request,
+        cb: impl FnOnce(Result<Reply, Error>) + Send + 'static,
+        done: Arc<AtomicBool>,
+    ) {
+        self.client.call_async(req, move |r| {
+            cb(r);
+            done.store(true, Ordering::Release);
+        });
+    }
+
+    /// Polls for completions on the calling thread until `done` is set, for up to
+    /// [`Shared::spin`].
+    pub(crate) fn help(&self, done: &AtomicBool) {
+        self.client.help_until(done, self.spin);
+    }
+
+    /// Answers the kernel with the entry of a reply to a request sent at `epoch`.
+    pub(crate) fn reply_entry(&self, reply: ReplyEntry, epoch: u64, r: Result<Reply, Error>) {
+        match r {
+            Ok(Reply::Entry(e)) => {
+                self.known.learn(epoch, e.node.id, &e.attr);
+                self.entry(reply, &e)
+            }
+            Ok(_) => reply.error(fuser::Errno::EIO),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    pub(crate) fn entry(&self, reply: ReplyEntry, e: &Entry) {
+        let fa = self.attr(e.node.id, &e.attr);
+        reply.entry_with_ttls(
+            &self.attr_ttl,
+            &self.entry_ttl,
+            &fa,
+            Generation(e.node.generation),
+        );
+    }
+
+    pub(crate) fn reply_empty(reply: ReplyEmpty, r: Result<Reply, Error>) {
+        match r {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// Answers the kernel with the attributes of `node` in a reply to a request sent at
+    /// `epoch`.
+    pub(crate) fn reply_attr(
+        &self,
+        reply: ReplyAttr,
+        node: u64,
+        epoch: u64,
+        r: Result<Reply, Error>,
+    ) {
+        match r {
+            Ok(Reply::Attr(a)) => {
+                self.known.learn(epoch, node, &a);
+                reply.attr(&self.attr_ttl, &self.attr(node, &a))
+            }
+            Ok(_) => reply.error(fuser::Errno::EIO),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    pub(crate) fn handle(&self, fh: FileHandle) -> Option<Arc<Handle>> {
+        self.handles.lock().get(&fh.0).cloned()
+    }
+
+    pub(crate) fn add_handle(&self, h: Handle) -> FileHandle {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(id, Arc::new(h));
+        FileHandle(id)
+    }
+
+    /// Open flags for the kernel: keep its cached pages unless the file changed since it
+    /// last heard of it (then also drop its cached attributes: close-to-open).
+    pub(crate) fn open_flags(&self, ino: u64, a: &Attr) -> FopenFlags {
+        if self.note(ino, a) {
+            if let Some(n) = self.notifier.lock().as_ref()
+                && let Err(e) = n.inval_inode(INodeNo(ino), -1, 0)
+            {
+                tracing::debug!("invalidating cached attributes of {ino}: {e}");
+            }
+            FopenFlags::empty()
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE
+        }
+    }
+
+    pub(crate) fn creds(req: &FuseReq, umask: u32) -> Creds {
+        Creds {
+            uid: req.uid(),
+            gid: req.gid(),
+            umask,
+        }
+    }
+
+    /// Waits (without blocking) for the file's writes, then commits with `flags` (plus
+    /// `COMMIT_TOUCH` when written since the last commit) if `always` or written.
+    pub(crate) fn commit(
+        self: &Arc<Self>,
+        h: Arc<Handle>,
+        flags: u32,
+        always: bool,
+        done: impl FnOnce(Result<(), Error>) + Send + 'static,
+    ) {
+        let me = self.clone();
+        let state = h.state.clone();
+        state.when_idle(Box::new(move || {
+            let (dirty, err) = h.state.take_flush_state();
+            if let Some(e) = err {
+                return done(Err(Error::Remote(e)));
+            }
+            if !(dirty || always) {
+                return done(Ok(()));
+            }
+            let flags = flags | if dirty { COMMIT_TOUCH } else { 0 };
+            let epoch = me.known.epoch();
+            let me2 = me.clone();
+            me.client
+                .call_async(&Request::Commit { fh: h.fh, flags }, move |r| {
+                    // The attributes after every write of this client's: what a `stat`
+                    // after the close shows.
+                    if let Ok(Reply::Attr(a)) = &r {
+                        me2.known.learn(epoch, h.node, a);
+                    }
+                    done(r.map(|_| ()))
+                });
+        }));
+    }
+}

@@ -1,0 +1,113 @@
+//! Early writeback of files that clients are writing.
+//!
+//! Clients write with one-sided RMA into the server's page cache, so the kernel sees dirty
+//! pages but no `write(2)`, and (with gigabytes of memory) starts writing them back only
+//! when the client commits with `fsync`: then the whole file goes to the disk after the
+//! transfer instead of during it. So each time a client grows a file (`MapRegion`, which it
+//! sends before writing the new range), the range it has had time to fill, all but the
+//! last [`LAG`] bytes before the old end, is handed to one thread that starts its writeback
+//! with `sync_file_range(SYNC_FILE_RANGE_WRITE)` (asynchronous, but it may block on a busy
+//! disk queue: hence a thread of its own, not the worker answering requests). A page that is
+//! still being written when its writeback starts is only written twice: the kernel marks it
+//! dirty again when the client's data lands. Best effort throughout: the `fsync` of a commit
+//! is what makes data durable.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+
+/// Bytes before the end of the file left for the final commit: the client may still be
+/// writing there (the mount has up to 64 MiB in flight, the library 16 MiB per transfer).
+/// Starting the writeback of a page still being written makes the writer fault on it and
+/// the page go to the disk twice: with 16 MiB the transfer itself took 10-30% longer on
+/// the loaded test host, with 64 MiB it did not (docs/FS-BENCH.md).
+pub(crate) const LAG: u64 = 64 << 20;
+
+/// Smallest range worth a system call.
+pub(crate) const STEP: u64 = 8 << 20;
+
+struct Job {
+    fd: OwnedFd,
+    from: u64,
+    to: u64,
+}
+
+/// The writeback thread; dropping this ends it.
+pub(crate) struct Writeback {
+    tx: Mutex<Option<Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Writeback {
+    /// Starts the thread (`None` and a warning if it cannot be started: writes then reach
+    /// the disk at commit only).
+    pub(crate) fn start() -> Writeback {
+        let (tx, rx) = channel();
+        let thread = std::thread::Builder::new()
+            .name("fs-writeback".into())
+            .spawn(move || run(rx));
+        let (tx, thread) = match thread {
+            Ok(t) => (Some(tx), Some(t)),
+            Err(e) => {
+                tracing::warn!(
+                    "starting the writeback thread: {e}; writes reach the disk at commit"
+                );
+                (None, None)
+            }
+        };
+        Writeback {
+            tx: Mutex::new(tx),
+            thread: Mutex::new(thread),
+        }
+    }
+
+    /// Asks for the writeback of `[from, to)` of the file open as `fd` to start.
+    pub(crate) fn request(&self, fd: impl AsFd, from: u64, to: u64) {
+        if to <= from {
+            return;
+        }
+        let Some(tx) = self.tx.lock().clone() else {
+            return;
+        };
+        match fd.as_fd().try_clone_to_owned() {
+            Ok(fd) => {
+                let _ = tx.send(Job { fd, from, to });
+            }
+            Err(e) => tracing::debug!("duplicating a descriptor for writeback: {e}"),
+        }
+    }
+}
+
+impl Drop for Writeback {
+    fn drop(&mut self) {
+        self.tx.lock().take();
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(rx: Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        let len = job.to - job.from;
+        // SAFETY: sync_file_range only reads its arguments; the descriptor is open.
+        let r = unsafe {
+            libc::sync_file_range(
+                std::os::fd::AsRawFd::as_raw_fd(&job.fd),
+                job.from as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
+        if r != 0 {
+            tracing::debug!(
+                "starting writeback of {}..{}: {}",
+                job.from,
+                job.to,
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
