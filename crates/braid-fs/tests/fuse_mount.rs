@@ -5,7 +5,7 @@ mod common;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt, symlink};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt, symlink};
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
@@ -120,6 +120,58 @@ fn posix_operations() {
     // SAFETY: valid path and buffer.
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut sfs) }, 0);
     assert!(sfs.f_blocks > 0);
+    drop(m);
+}
+
+/// A program being run from the mount can be neither opened for writing nor truncated by
+/// `open(O_TRUNC)` (ETXTBSY), and the refused truncation leaves it whole on the server: the
+/// kernel checks before the file system sees the open (no `FUSE_ATOMIC_O_TRUNC`).
+#[test]
+fn a_running_program_is_neither_written_nor_truncated() {
+    require_fuse!();
+    let Some(sleep) = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("sleep"))
+            .find(|f| f.is_file())
+    }) else {
+        eprintln!("skipped: no sleep program on PATH");
+        return;
+    };
+    let lb = Loopback::new(2);
+    let m = lb.mount("mnt", |_| {});
+    let prog = m.mountpoint().join("prog");
+    let len = fs::copy(&sleep, &prog).unwrap();
+    fs::set_permissions(&prog, fs::Permissions::from_mode(0o755)).unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Kill(std::process::Command::new(&prog).arg("30").spawn().unwrap());
+    let open = |write: bool, trunc: bool| {
+        OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .custom_flags(if trunc { libc::O_TRUNC } else { 0 })
+            .open(&prog)
+    };
+    for (write, trunc) in [(true, false), (false, true), (true, true)] {
+        let e = open(write, trunc).expect_err("a running program must not open for writing");
+        assert_eq!(
+            errno(&e),
+            libc::ETXTBSY,
+            "write {write}, O_TRUNC {trunc}: {e}"
+        );
+    }
+    assert_eq!(fs::metadata(lb.export().join("prog")).unwrap().len(), len);
+    assert_eq!(fs::metadata(&prog).unwrap().len(), len);
+    assert!(child.0.try_wait().unwrap().is_none(), "the program crashed");
+    drop(child);
+    // Once it has ended, O_TRUNC truncates as usual.
+    drop(open(false, true).unwrap());
+    assert_eq!(fs::metadata(lb.export().join("prog")).unwrap().len(), 0);
     drop(m);
 }
 
