@@ -1,0 +1,439 @@
+//! The progress engine's thread: an event loop over every rail's socket (mio, edge
+//! triggered), the commands application threads send it, keepalive ticks, and the
+//! hand-over of reads to an application thread that polls an endpoint.
+
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use parking_lot::Mutex;
+
+use super::rx::RxCore;
+use super::{APP_POLL_HOLD_NS, EndpointShared, clock_ns, io};
+
+const WAKER: Token = Token(usize::MAX);
+/// Period of keepalive and dead-peer checks.
+const TICK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Requests from application threads to the engine thread.
+pub(crate) enum Command {
+    /// Start servicing a new endpoint.
+    Add(Arc<EndpointShared>),
+    /// Flush the endpoint's rails and retry its stalled rails.
+    Kick(u64),
+    /// Send the endpoint's final frames, then drop it.
+    Close(u64),
+    /// A new connection for a failed rail of an endpoint.
+    Restore {
+        /// The endpoint.
+        id: u64,
+        /// The rail.
+        rail: usize,
+        /// The connection, handshake done.
+        stream: TcpStream,
+    },
+    /// Stop the thread.
+    Stop,
+}
+
+/// The way into the engine thread from other threads.
+pub(crate) struct EngineShared {
+    commands: Mutex<Vec<Command>>,
+    waker: Waker,
+}
+
+impl EngineShared {
+    pub(crate) fn send(&self, c: Command) {
+        self.commands.lock().push(c);
+        if let Err(e) = self.waker.wake() {
+            tracing::error!("cannot wake the progress engine: {e}");
+        }
+    }
+
+    pub(crate) fn kick(&self, endpoint: u64) {
+        self.send(Command::Kick(endpoint));
+    }
+}
+
+/// Handle to a context's engine thread; dropping the last one stops the thread.
+pub(crate) struct Engine {
+    shared: Arc<EngineShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    pub(crate) fn start(name: String) -> std::io::Result<Engine> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let shared = Arc::new(EngineShared {
+            commands: Mutex::new(Vec::new()),
+            waker,
+        });
+        let s2 = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || EngineLoop::new(poll, s2).run())?;
+        Ok(Engine {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    pub(crate) fn send(&self, c: Command) {
+        self.shared.send(c);
+    }
+
+    pub(crate) fn kicker(&self) -> Arc<EngineShared> {
+        self.shared.clone()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.send(Command::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct EngineLoop {
+    poll: Poll,
+    shared: Arc<EngineShared>,
+    /// Receive state per token.
+    rx: HashMap<usize, (Arc<EndpointShared>, usize)>,
+    /// Tokens of each endpoint's rails.
+    endpoints: HashMap<u64, (Arc<EndpointShared>, Vec<usize>)>,
+    /// Endpoints whose reads are left to an application thread polling them (their
+    /// sockets are registered for writability only).
+    muted: Vec<u64>,
+    next_token: usize,
+}
+
+impl EngineLoop {
+    fn new(poll: Poll, shared: Arc<EngineShared>) -> EngineLoop {
+        EngineLoop {
+            poll,
+            shared,
+            rx: HashMap::new(),
+            endpoints: HashMap::new(),
+            muted: Vec::new(),
+            next_token: 0,
+        }
+    }
+
+    fn run(mut self) {
+        let mut events = Events::with_capacity(256);
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            let mut timeout = next_tick.saturating_duration_since(Instant::now());
+            if !self.muted.is_empty() {
+                // Check back soon whether the polling thread is still there.
+                timeout = timeout.min(std::time::Duration::from_nanos(APP_POLL_HOLD_NS));
+            }
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                tracing::error!("progress engine poll failed: {e}");
+                break;
+            }
+            let mut touched: Vec<u64> = Vec::new();
+            for ev in events.iter() {
+                if ev.token() == WAKER {
+                    continue;
+                }
+                let token = ev.token().0;
+                let Some((ep, rail)) = self.rx.get(&token).cloned() else {
+                    continue;
+                };
+                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    if ep.app_polling(clock_ns()) && !ev.is_read_closed() && !ev.is_error() {
+                        self.mute(&ep);
+                    } else {
+                        ep.rx_run(rail);
+                    }
+                }
+                if ev.is_writable() && !ep.closed.load(Ordering::Acquire) {
+                    ep.flush_all();
+                }
+                if !touched.contains(&ep.id) {
+                    touched.push(ep.id);
+                }
+            }
+            let cmds = std::mem::take(&mut *self.shared.commands.lock());
+            for c in cmds {
+                match c {
+                    Command::Add(ep) => self.add(ep),
+                    Command::Kick(id) => touched.push(id),
+                    Command::Close(id) => self.close(id),
+                    Command::Restore { id, rail, stream } => {
+                        self.restore(id, rail, stream);
+                        touched.push(id);
+                    }
+                    Command::Stop => {
+                        for id in self.endpoints.keys().copied().collect::<Vec<_>>() {
+                            self.close(id);
+                        }
+                        return;
+                    }
+                }
+            }
+            touched.extend(self.unmute_idle());
+            let now = Instant::now();
+            if now >= next_tick {
+                next_tick = now + TICK;
+                touched.extend(self.tick(now));
+            }
+            touched.sort_unstable();
+            touched.dedup();
+            for id in touched {
+                self.progress(id);
+            }
+            self.reap();
+        }
+    }
+
+    fn set_interest(&self, ep: &EndpointShared, interest: Interest) {
+        if let Some((_, tokens)) = self.endpoints.get(&ep.id) {
+            for (rail, t) in tokens.iter().enumerate() {
+                let fd = ep.rails[rail].fd();
+                let _ = self
+                    .poll
+                    .registry()
+                    .reregister(&mut SourceFd(&fd), Token(*t), interest);
+            }
+        }
+    }
+
+    /// Leaves the endpoint's reads to the application thread polling it.
+    fn mute(&mut self, ep: &EndpointShared) {
+        if !self.muted.contains(&ep.id) {
+            self.set_interest(ep, Interest::WRITABLE);
+            for r in &ep.rails {
+                r.muted.store(true, Ordering::Release);
+            }
+            self.muted.push(ep.id);
+        }
+    }
+
+    /// Takes reads back from endpoints no longer polled; returns them (their sockets may
+    /// hold bytes that arrived unannounced).
+    fn unmute_idle(&mut self) -> Vec<u64> {
+        let now = clock_ns();
+        let mut back = Vec::new();
+        let muted = std::mem::take(&mut self.muted);
+        for id in muted {
+            let Some((ep, _)) = self.endpoints.get(&id).cloned() else {
+                continue;
+            };
+            if ep.app_polling(now) && !ep.closed.load(Ordering::Acquire) {
+                self.muted.push(id);
+                continue;
+            }
+            self.set_interest(&ep, Interest::READABLE | Interest::WRITABLE);
+            for r in &ep.rails {
+                r.muted.store(false, Ordering::Release);
+            }
+            for rail in 0..ep.rails.len() {
+                ep.rx_run(rail);
+            }
+            back.push(id);
+        }
+        back
+    }
+
+    /// Keepalives and dead-peer detection for every endpoint; returns those with frames to send.
+    fn tick(&mut self, now: Instant) -> Vec<u64> {
+        let mut touched = Vec::new();
+        for (id, (ep, _)) in &self.endpoints {
+            for rail in 0..ep.rails.len() {
+                let Some(t) = io::tcp_sample(ep.rails[rail].fd()) else {
+                    continue;
+                };
+                let mut s = ep.session.lock();
+                if let Some(rate) = t.delivery_rate {
+                    s.set_rail_capacity(rail, rate);
+                }
+                // Bytes the kernel holds for a payload still arriving are not read until the
+                // low-water mark is reached: the rail is alive all the same.
+                if let Some(at) = now.checked_sub(t.since_data_recv) {
+                    s.on_rx_progress(rail, at);
+                }
+            }
+            let dead = ep.session.lock().on_tick(now);
+            let t = ep.session.lock().config().peer_timeout;
+            for rail in (0..ep.rails.len()).filter(|r| dead & (1 << r) != 0) {
+                ep.fail_rail(
+                    rail,
+                    &format!("nothing received for {t:?}: peer or link is gone"),
+                );
+            }
+            touched.push(*id);
+        }
+        touched
+    }
+
+    fn add(&mut self, ep: Arc<EndpointShared>) {
+        let mut tokens = Vec::new();
+        for (i, r) in ep.rails.iter().enumerate() {
+            let token = self.next_token;
+            self.next_token += 1;
+            let fd = r.fd();
+            if let Err(e) = self.poll.registry().register(
+                &mut SourceFd(&fd),
+                Token(token),
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                ep.fail_rail(i, &format!("cannot register with the progress engine: {e}"));
+            }
+            self.rx.insert(token, (ep.clone(), i));
+            tokens.push(token);
+        }
+        let id = ep.id;
+        self.endpoints.insert(id, (ep, tokens));
+        // Data may have arrived before registration: edge-triggered polling would not report it.
+        self.progress_rx_all(id);
+        self.progress(id);
+    }
+
+    fn restore(&mut self, id: u64, rail: usize, stream: TcpStream) {
+        let Some((ep, tokens)) = self.endpoints.get(&id) else {
+            return;
+        };
+        let (ep, token) = (ep.clone(), tokens[rail]);
+        if stream.set_nonblocking(true).is_err() || stream.set_nodelay(true).is_err() {
+            return;
+        }
+        let old = ep.rails[rail].fd();
+        let _ = self.poll.registry().deregister(&mut SourceFd(&old));
+        let fd = stream.as_raw_fd();
+        ep.rails[rail].replace(stream);
+        *ep.rails[rail].rx.lock() = RxCore::new();
+        let restored = {
+            let mut s = ep.session.lock();
+            let ok = s.on_rail_restored(rail);
+            ep.deliver(&mut s);
+            ok
+        };
+        let registered = self.poll.registry().register(
+            &mut SourceFd(&fd),
+            Token(token),
+            Interest::READABLE | Interest::WRITABLE,
+        );
+        if !restored || registered.is_err() {
+            ep.rails[rail].shutdown();
+            return;
+        }
+        ep.rx_run(rail);
+    }
+
+    fn progress_rx_all(&mut self, id: u64) {
+        let Some((_, tokens)) = self.endpoints.get(&id) else {
+            return;
+        };
+        for t in tokens.clone() {
+            if let Some((ep, rail)) = self.rx.get(&t).cloned() {
+                ep.rx_run(rail);
+            }
+        }
+    }
+
+    /// Retries stalled rails and flushes transmit work of one endpoint until it settles.
+    fn progress(&mut self, id: u64) {
+        let Some((ep, tokens)) = self.endpoints.get(&id) else {
+            return;
+        };
+        let (ep, tokens) = (ep.clone(), tokens.clone());
+        for _ in 0..64 {
+            let retry = ep.session.lock().take_rx_retry();
+            if retry != 0 {
+                for (i, _) in tokens.iter().enumerate() {
+                    if retry & (1 << i) != 0 {
+                        ep.rx_run(i);
+                    }
+                }
+            }
+            if ep.closed.load(Ordering::Acquire) || !ep.flush_all() {
+                break;
+            }
+            if retry == 0 {
+                break;
+            }
+        }
+    }
+
+    fn close(&mut self, id: u64) {
+        if let Some((ep, _)) = self.endpoints.get(&id) {
+            // Best effort: the Close frames go out if the sockets take them now.
+            for rail in 0..ep.rails.len() {
+                let _ = ep.flush_rail(rail);
+            }
+            ep.shutdown();
+        }
+        self.remove(id);
+    }
+
+    fn remove(&mut self, id: u64) {
+        self.muted.retain(|m| *m != id);
+        if let Some((ep, tokens)) = self.endpoints.remove(&id) {
+            for (i, t) in tokens.into_iter().enumerate() {
+                self.rx.remove(&t);
+                let fd = ep.rails[i].fd();
+                let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+            }
+        }
+    }
+
+    /// Drops endpoints that failed.
+    fn reap(&mut self) {
+        let dead: Vec<u64> = self
+            .endpoints
+            .iter()
+            .filter(|(_, (ep, _))| ep.closed.load(Ordering::Acquire))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in dead {
+            self.remove(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_for_unknown_endpoints_are_ignored_and_stop_ends_the_thread() {
+        let engine = Engine::start("braid-engine-test".into()).expect("engine starts");
+        engine.send(Command::Kick(7));
+        engine.kicker().kick(8);
+        engine.send(Command::Close(9));
+        let (a, _b) = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+            (a, l.accept().expect("accept").0)
+        };
+        engine.send(Command::Restore {
+            id: 10,
+            rail: 0,
+            stream: a,
+        });
+        // Stop ends the loop once it has taken every command above without falling over.
+        let mut engine = engine;
+        let thread = engine.thread.take().expect("running");
+        engine.send(Command::Stop);
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while !thread.is_finished() {
+            assert!(Instant::now() < deadline, "the engine thread did not stop");
+            std::thread::yield_now();
+        }
+        assert!(thread.join().is_ok(), "the engine thread panicked");
+    }
+}

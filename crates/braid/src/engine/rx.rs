@@ -1,0 +1,386 @@
+//! The receive side of a rail: frames are read from the socket and executed by the
+//! session, payloads placed straight into registered memory, by whichever thread holds the
+//! rail's receive lock (the engine thread, or an application thread polling a completion
+//! queue).
+
+use std::os::fd::RawFd;
+use std::time::Instant;
+
+use crate::mem::file::copy_maybe_fragile;
+use crate::proto::{Placement, RxAction};
+use crate::wire::{FrameHeader, HEADER_LEN};
+
+use super::{EndpointShared, clock_ns, io};
+
+/// Receive buffer for headers and small payloads; larger payloads bypass it.
+const RX_BUF: usize = 1024;
+/// After a payload at least this large, read the next header exactly, so that the bulk of
+/// the following chunk is not pulled through the small buffer (one copy, not two).
+const BULK_PAYLOAD: u32 = 16 << 10;
+/// Largest receive low-water mark set while a bulk payload arrives: the engine is woken once
+/// this much (or the rest of the payload) is queued, not for every segment. Bounded so that
+/// a rail that is still trickling is read (and seen alive) within milliseconds.
+const LOWAT_MAX: usize = 512 << 10;
+
+/// Receive-side state of one rail. Whoever holds its lock (the engine thread, or an
+/// application thread polling a completion queue) reads the socket.
+pub(crate) struct RxCore {
+    buf: Box<[u8; RX_BUF]>,
+    start: usize,
+    end: usize,
+    state: RxState,
+    bulk: bool,
+    /// The last read came back short: the socket was empty, no need to ask again now.
+    drained: bool,
+    /// When the session last heard that payload bytes are arriving ([`clock_ns`]).
+    progress_noted: u64,
+    /// The socket's receive low-water mark as last set (1: the kernel's default).
+    lowat: usize,
+}
+
+impl RxCore {
+    pub(super) fn new() -> RxCore {
+        RxCore {
+            buf: Box::new([0u8; RX_BUF]),
+            start: 0,
+            end: 0,
+            state: RxState::Header,
+            bulk: false,
+            drained: false,
+            progress_noted: 0,
+            lowat: 1,
+        }
+    }
+}
+
+/// The receive loop of one rail, with its state locked.
+struct RxRail<'a> {
+    ep: &'a EndpointShared,
+    rail: usize,
+    c: &'a mut RxCore,
+}
+
+enum RxState {
+    Header,
+    Stalled(FrameHeader),
+    Payload {
+        place: Placement,
+        len: usize,
+        done: usize,
+    },
+    Discard {
+        left: usize,
+    },
+    Dead,
+}
+
+/// Whether a rail's receive loop can go on.
+pub(super) enum RxStep {
+    /// The socket has no more bytes, or the rail is stalled.
+    Wait,
+    /// The endpoint failed.
+    Dead,
+}
+
+impl RxRail<'_> {
+    fn buffered(&self) -> usize {
+        self.c.end - self.c.start
+    }
+
+    /// Reads and executes frames until the socket is empty, the rail stalls, or it fails.
+    fn run(&mut self) -> RxStep {
+        let fd = self.ep.rails[self.rail].fd();
+        // Every call reads at least once: it was called because bytes may have arrived.
+        self.c.drained = false;
+        loop {
+            match std::mem::replace(&mut self.c.state, RxState::Header) {
+                RxState::Dead => {
+                    self.c.state = RxState::Dead;
+                    return RxStep::Dead;
+                }
+                RxState::Header => {
+                    if self.buffered() < HEADER_LEN {
+                        if self.c.start > 0 {
+                            self.c.buf.copy_within(self.c.start..self.c.end, 0);
+                            self.c.end -= self.c.start;
+                            self.c.start = 0;
+                        }
+                        if self.c.drained {
+                            self.set_lowat(fd, 1);
+                            self.ep.session.lock().on_rx_idle(self.rail);
+                            return RxStep::Wait;
+                        }
+                        let want = if self.c.bulk { HEADER_LEN } else { RX_BUF };
+                        let room = want.max(self.c.end + 1) - self.c.end;
+                        match io::recv_into(fd, &mut self.c.buf[self.c.end..self.c.end + room]) {
+                            Ok(0) => return self.die("peer closed the connection"),
+                            Ok(n) => {
+                                self.c.end += n;
+                                self.c.drained = n < room;
+                                continue;
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                self.set_lowat(fd, 1);
+                                self.ep.session.lock().on_rx_idle(self.rail);
+                                return RxStep::Wait;
+                            }
+                            Err(e) => return self.die(&format!("receive failed: {e}")),
+                        }
+                    }
+                    match FrameHeader::decode(&self.c.buf[self.c.start..self.c.end]) {
+                        Ok(h) => {
+                            if let Some(step) = self.offer(h) {
+                                return step;
+                            }
+                        }
+                        Err(e) => return self.die(&format!("malformed frame: {e}")),
+                    }
+                }
+                RxState::Stalled(h) => {
+                    if let Some(step) = self.offer(h) {
+                        return step;
+                    }
+                }
+                RxState::Payload { place, len, done } => {
+                    // A short read into file pages may have stopped at a truncated page rather
+                    // than at the end of the socket's data: such a placement always asks
+                    // again, which answers EFAULT or EAGAIN (edge-triggered polling would not
+                    // wake us for bytes already there).
+                    if self.c.drained && !place.fragile {
+                        self.set_lowat(fd, (len - done).min(LOWAT_MAX));
+                        self.c.state = RxState::Payload { place, len, done };
+                        return RxStep::Wait;
+                    }
+                    // The next frame's header comes in the same read (one system call less
+                    // per frame, and a short read then tells that the socket is empty);
+                    // whatever of it arrives goes to the buffer. Behind a bulk payload exactly
+                    // one header, so that the next chunk's bulk is not pulled through the
+                    // buffer; behind a small one as much as the buffer holds.
+                    if self.buffered() == 0 {
+                        (self.c.start, self.c.end) = (0, 0);
+                    }
+                    let end = self.c.end;
+                    let room = if self.c.bulk {
+                        HEADER_LEN
+                    } else {
+                        RX_BUF - end
+                    };
+                    let tail = (room > 0 && end + room <= RX_BUF)
+                        .then(|| (self.c.buf[end..end + room].as_mut_ptr(), room));
+                    match io::recv_pieces(fd, &place.iov, done, tail) {
+                        Ok(io::Received { got: 0, asked }) => {
+                            return self.die(if asked > 0 {
+                                "peer closed the connection"
+                            } else {
+                                "placement shorter than the payload"
+                            });
+                        }
+                        Ok(io::Received { got: n, asked }) if done + n >= len => {
+                            self.c.end += done + n - len;
+                            // Only a read that got less than it asked for says the socket is
+                            // empty. Without a header's room behind the payload (a small one,
+                            // or more pieces than one call takes) nothing is known: taking
+                            // that for empty left bytes unread with no edge to come.
+                            self.c.drained = n < asked;
+                            self.payload_done(len);
+                        }
+                        Ok(io::Received { got: n, asked }) => {
+                            self.c.drained = n < asked;
+                            if !self.c.drained {
+                                // The pieces needed more than one call: go on reading.
+                                self.c.state = RxState::Payload {
+                                    place,
+                                    len,
+                                    done: done + n,
+                                };
+                                continue;
+                            }
+                            // A short read means the socket is empty for now. Wake up again
+                            // when much more of the payload is there: a receiver woken per
+                            // segment spent 1.5x a TCP receiver's CPU per GB.
+                            self.set_lowat(fd, (len - done - n).min(LOWAT_MAX));
+                            // The rail is alive; telling the session costs a lock, so at most
+                            // every 10 ms (its silence timeout is seconds).
+                            let now = clock_ns();
+                            if now - self.c.progress_noted > 10_000_000 {
+                                self.c.progress_noted = now;
+                                self.ep
+                                    .session
+                                    .lock()
+                                    .on_rx_progress(self.rail, Instant::now());
+                            }
+                            self.c.state = RxState::Payload {
+                                place,
+                                len,
+                                done: done + n,
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            self.set_lowat(fd, (len - done).min(LOWAT_MAX));
+                            self.c.state = RxState::Payload { place, len, done };
+                            return RxStep::Wait;
+                        }
+                        Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                            // The destination's file pages were truncated: the operation
+                            // fails, the rest of the payload is read and dropped.
+                            self.ep.session.lock().payload_fault(self.rail);
+                            self.c.state = RxState::Discard { left: len - done };
+                        }
+                        Err(e) => return self.die(&format!("receive failed: {e}")),
+                    }
+                }
+                RxState::Discard { left } => {
+                    let mut scratch = [0u8; 16 << 10];
+                    let n = left.min(scratch.len());
+                    match io::recv_into(fd, &mut scratch[..n]) {
+                        Ok(0) => return self.die("peer closed the connection"),
+                        Ok(n) if n >= left => self.payload_done(0),
+                        Ok(n) => self.c.state = RxState::Discard { left: left - n },
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            self.set_lowat(fd, 1);
+                            self.c.state = RxState::Discard { left };
+                            return RxStep::Wait;
+                        }
+                        Err(e) => return self.die(&format!("receive failed: {e}")),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Offers a header to the session; `Some` ends the receive loop.
+    fn offer(&mut self, h: FrameHeader) -> Option<RxStep> {
+        let mut s = self.ep.session.lock();
+        let action = match s.on_frame(self.rail, &h, Instant::now()) {
+            Ok(a) => a,
+            Err(e) => {
+                drop(s);
+                return Some(self.die(&format!("protocol error: {e}")));
+            }
+        };
+        self.ep.deliver(&mut s);
+        let dead = s.take_dead_rails();
+        drop(s);
+        self.ep.close_dead_rails(dead);
+        if matches!(action, RxAction::Stall) {
+            self.c.state = RxState::Stalled(h);
+            return Some(RxStep::Wait);
+        }
+        // The header (also a stalled one: nothing is read while stalled) starts the buffer.
+        self.c.start += HEADER_LEN;
+        let len = h.payload_len as usize;
+        self.c.bulk = h.payload_len >= BULK_PAYLOAD;
+        match action {
+            RxAction::Stall => unreachable!("handled above"),
+            RxAction::Done => {}
+            RxAction::Place(place) => {
+                // Bytes of the payload already in the small buffer go first.
+                let have = self.buffered().min(len);
+                let mut copied = 0;
+                let mut ok = true;
+                for &(p, l) in &place.iov {
+                    if copied == have {
+                        break;
+                    }
+                    let n = l.min(have - copied);
+                    // SAFETY: p points at l writable bytes of pinned registered memory (file
+                    // pages, which may be gone, are written with a system call).
+                    ok &= unsafe {
+                        copy_maybe_fragile(
+                            self.c.buf[self.c.start + copied..].as_ptr(),
+                            p,
+                            n,
+                            place.fragile,
+                        )
+                    };
+                    copied += n;
+                }
+                self.c.start += have;
+                if !ok {
+                    self.ep.session.lock().payload_fault(self.rail);
+                    if have == len {
+                        self.payload_done(0);
+                    } else {
+                        self.c.state = RxState::Discard { left: len - have };
+                    }
+                    return None;
+                }
+                if have == len {
+                    self.payload_done(len);
+                } else {
+                    self.c.state = RxState::Payload {
+                        place,
+                        len,
+                        done: have,
+                    };
+                }
+            }
+            RxAction::Discard => {
+                let have = self.buffered().min(len);
+                self.c.start += have;
+                if have == len {
+                    self.payload_done(0);
+                } else {
+                    self.c.state = RxState::Discard { left: len - have };
+                }
+            }
+        }
+        None
+    }
+
+    /// Sets the socket's receive low-water mark to `bytes` when it differs. Every wait for
+    /// readiness sets it first, never above what the current frame still has to deliver:
+    /// the peer always sends whole frames, so those bytes come (or the connection ends, which
+    /// is reported whatever the mark). Between frames it stays raised while bytes keep
+    /// coming: one system call less per chunk on a busy rail.
+    fn set_lowat(&mut self, fd: RawFd, bytes: usize) {
+        let bytes = bytes.max(1);
+        if bytes != self.c.lowat && io::set_rcvlowat(fd, bytes).is_ok() {
+            self.c.lowat = bytes;
+        }
+    }
+
+    fn payload_done(&mut self, _len: usize) {
+        let mut s = self.ep.session.lock();
+        let r = s.payload_done(self.rail);
+        self.ep.deliver(&mut s);
+        let dead = s.take_dead_rails();
+        drop(s);
+        self.ep.close_dead_rails(dead);
+        self.c.state = RxState::Header;
+        if let Err(e) = r {
+            self.die(&format!("protocol error: {e}"));
+        }
+    }
+
+    fn die(&mut self, why: &str) -> RxStep {
+        self.c.state = RxState::Dead;
+        self.ep.fail_rail(self.rail, why);
+        RxStep::Dead
+    }
+}
+
+impl EndpointShared {
+    /// Runs `rail`'s receive loop; waits for the lock if another thread holds it.
+    pub(super) fn rx_run(&self, rail: usize) -> RxStep {
+        let mut c = self.rails[rail].rx.lock();
+        RxRail {
+            ep: self,
+            rail,
+            c: &mut c,
+        }
+        .run()
+    }
+
+    /// Runs `rail`'s receive loop unless another thread holds it (that thread reads).
+    pub(super) fn rx_try_run(&self, rail: usize) {
+        if let Some(mut c) = self.rails[rail].rx.try_lock() {
+            RxRail {
+                ep: self,
+                rail,
+                c: &mut c,
+            }
+            .run();
+        }
+    }
+}

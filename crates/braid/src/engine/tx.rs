@@ -1,0 +1,195 @@
+//! The transmit side of a rail: frames taken from the session are gathered into batches
+//! and written with one system call each, by whichever thread holds the rail's transmit
+//! lock (the engine, or an application thread on the inline fast path).
+
+use std::collections::VecDeque;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use crate::proto::Transmit;
+use crate::wire::HEADER_LEN;
+
+use super::{EndpointShared, io};
+
+/// Most frames, and bytes, gathered into one send system call.
+const BATCH_FRAMES: usize = 16;
+const BATCH_BYTES: usize = 256 << 10;
+
+/// One rail's transmit state, behind [`super::RailIo`]'s transmit lock.
+pub(super) struct TxState {
+    pub(super) stream: TcpStream,
+    /// Frames being written, in order; `off` bytes of the first are already sent.
+    pub(super) batch: VecDeque<Transmit>,
+    pub(super) off: usize,
+    /// The last send failed with `EFAULT` (file pages truncated under a frame): the first
+    /// frame is sent alone until it is out, to tell which frame it was.
+    pub(super) solo: bool,
+}
+
+impl TxState {
+    pub(super) fn new(stream: TcpStream) -> TxState {
+        TxState {
+            stream,
+            batch: VecDeque::new(),
+            off: 0,
+            solo: false,
+        }
+    }
+}
+
+/// Zeros that stand in for file pages a truncation took away after a frame's header
+/// promised them (see [`pad_frame`]).
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// Replaces the payload of a frame with zeros of the same length: the bytes already sent
+/// stay sent, the stream stays in step, and the session has been told the frame is void.
+fn pad_frame(t: &mut Transmit) {
+    t.payload = zero_pieces(t.payload.iter().map(|p| p.1).sum());
+}
+
+/// Payload pieces of `len` zero bytes, each at most [`ZEROS`] long.
+fn zero_pieces(len: usize) -> Vec<(*const u8, usize)> {
+    let mut left = len;
+    let mut pieces = Vec::with_capacity(left.div_ceil(ZEROS.len()));
+    while left > 0 {
+        let n = left.min(ZEROS.len());
+        pieces.push((ZEROS.as_ptr(), n));
+        left -= n;
+    }
+    pieces
+}
+
+/// Outcome of writing frames on one rail.
+pub(super) enum Flush {
+    /// Nothing left to send.
+    Idle,
+    /// The socket is full; the writable edge will resume.
+    Blocked,
+}
+
+impl EndpointShared {
+    /// Writes frames on `rail` until none is left or the socket is full.
+    pub(super) fn flush_rail(&self, rail: usize) -> std::io::Result<Flush> {
+        let io = &self.rails[rail];
+        let mut tx = io.tx.lock();
+        let r = self.flush_locked(rail, &mut tx);
+        io.tx_blocked
+            .store(matches!(r, Ok(Flush::Blocked)), Ordering::Release);
+        r
+    }
+
+    fn flush_locked(&self, rail: usize, tx: &mut TxState) -> std::io::Result<Flush> {
+        loop {
+            {
+                // Top the batch up: several small frames (a Done and the next request, say)
+                // leave in one system call.
+                let mut s = self.session.lock();
+                if !s.rail_alive(rail) {
+                    // Whatever was half-written is in the session's log, to be sent elsewhere.
+                    tx.batch.clear();
+                    tx.off = 0;
+                    tx.solo = false;
+                    return Ok(Flush::Idle);
+                }
+                let mut bytes: usize = tx.batch.iter().map(Transmit::len).sum::<usize>() - tx.off;
+                while tx.batch.len() < BATCH_FRAMES && bytes < BATCH_BYTES {
+                    match s.poll_transmit(rail, Instant::now()) {
+                        Some(t) => {
+                            bytes += t.len();
+                            tx.batch.push_back(t);
+                        }
+                        None => break,
+                    }
+                }
+            }
+            if tx.batch.is_empty() {
+                return Ok(Flush::Idle);
+            }
+            let mut pieces = Vec::with_capacity(2 * tx.batch.len());
+            for t in tx.batch.iter().take(if tx.solo { 1 } else { usize::MAX }) {
+                pieces.push((t.header.as_ptr(), HEADER_LEN));
+                pieces.extend_from_slice(&t.payload);
+            }
+            match io::send_pieces(tx.stream.as_raw_fd(), &pieces, tx.off) {
+                Ok(n) => {
+                    tx.off += n;
+                    if tx.solo && tx.batch.front().is_some_and(|t| t.len() <= tx.off) {
+                        tx.solo = false;
+                    }
+                    while tx.batch.front().is_some_and(|t| t.len() <= tx.off) {
+                        let t = tx.batch.pop_front().expect("checked");
+                        tx.off -= t.len();
+                        if let Some(seq) = t.read_response {
+                            let mut s = self.session.lock();
+                            s.transmitted(seq);
+                            if s.rx_retry_pending() {
+                                // A request waited for this read response; the engine resumes it.
+                                drop(s);
+                                self.kicker.kick(self.id);
+                            }
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Flush::Blocked),
+                Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                    // File pages under a payload were truncated (frames from ordinary memory
+                    // cannot fault). Find the frame: the first one alone, then pad it.
+                    if !tx.solo && tx.batch.len() > 1 {
+                        tx.solo = true;
+                        continue;
+                    }
+                    let t = tx.batch.front_mut().expect("a frame was being sent");
+                    self.session.lock().transmit_faulted(&t.header);
+                    pad_frame(t);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Flushes every rail that has something to send, in the session or in its transmit
+    /// batch. Returns false when a rail failed.
+    pub(crate) fn flush_all(&self) -> bool {
+        for rail in 0..self.rails.len() {
+            if !self.rails[rail].tx_blocked.load(Ordering::Acquire)
+                && !self.session.lock().wants_transmit(rail)
+            {
+                continue;
+            }
+            if let Err(e) = self.flush_rail(rail) {
+                self.fail_rail(rail, &format!("send failed: {e}"));
+                return false;
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_pieces_cover_the_length_in_bounded_pieces_of_zeros() {
+        for len in [
+            0,
+            1,
+            4096,
+            ZEROS.len() - 1,
+            ZEROS.len(),
+            ZEROS.len() + 1,
+            200 << 10,
+        ] {
+            let pieces = zero_pieces(len);
+            assert_eq!(pieces.iter().map(|p| p.1).sum::<usize>(), len, "len {len}");
+            assert_eq!(pieces.len(), len.div_ceil(ZEROS.len()), "len {len}");
+            for &(p, n) in &pieces {
+                assert_eq!(p, ZEROS.as_ptr());
+                assert!(n > 0 && n <= ZEROS.len());
+            }
+        }
+        assert!(ZEROS.iter().all(|&b| b == 0));
+    }
+}
