@@ -68,14 +68,13 @@ fn fill_pattern(buf: &mut [u8]) {
 
 /// CPU seconds (user + system) used by this process so far.
 pub fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct we pass; RUSAGE_SELF is always valid.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    if rc != 0 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    use nix::sys::time::TimeVal;
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_SELF) else {
         return f64::NAN;
-    }
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
-    t(ru.ru_utime) + t(ru.ru_stime)
+    };
+    let t = |tv: TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 * 1e-6;
+    t(ru.user_time()) + t(ru.system_time())
 }
 
 /// What the server reports back to the client at the end of a run.

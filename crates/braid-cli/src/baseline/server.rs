@@ -3,12 +3,12 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddrV4, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use rustix::event::{PollFd, PollFlags, Timespec};
 
 use super::reassembler::Reassembler;
 use super::wire::{FragHeader, Hello, Mode};
@@ -111,26 +111,23 @@ pub(super) fn accept_session(
                 slots.len()
             );
         }
-        let mut fds: Vec<libc::pollfd> = listeners
+        let mut fds: Vec<PollFd<'_>> = listeners
             .iter()
-            .map(|l| libc::pollfd {
-                fd: l.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|l| PollFd::new(l, PollFlags::IN))
             .collect();
         let ms = left.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: fds is a valid array of pollfd for the duration of the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms.max(1)) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e).context("poll");
+        let ms = ms.max(1);
+        let timeout = Timespec {
+            tv_sec: i64::from(ms / 1000),
+            tv_nsec: i64::from(ms % 1000) * 1_000_000,
+        };
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(io::Error::from(e)).context("poll"),
         }
         for (l, fd) in listeners.iter().zip(&fds) {
-            if fd.revents == 0 {
+            if fd.revents().is_empty() {
                 continue;
             }
             let (s, peer) = match l.accept() {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use braid::{Access, CompletionQueue, Context, EndpointOptions, RailAddr, RemoteKey, Status};
+use rustix::process::{Pid, Signal, kill_process};
 use serde::{Deserialize, Serialize};
 
 use super::net::{Net, join, session_config};
@@ -56,10 +57,8 @@ pub(super) type Done = (u64, Status, Instant);
 
 /// Kills (by its pid) and reaps a child this run started.
 pub(super) fn kill_child(child: &mut Child) {
-    // SAFETY: kill(2) on the pid of our own child; SIGKILL also ends a stopped process.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, libc::SIGKILL);
-    }
+    // kill(2) on the pid of our own child; SIGKILL also ends a stopped process.
+    let _ = kill_process(Pid::from_child(child), Signal::KILL);
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if let Ok(Some(_)) = child.try_wait() {
@@ -233,12 +232,12 @@ pub fn kill_peer(a: &SoakArgs) -> Result<KillReport> {
     while !job.is_finished() {
         if t_sig.is_none() && t0.elapsed() >= kill_after {
             let sig = match a.kill_signal {
-                KillSignal::Kill => libc::SIGKILL,
-                KillSignal::Stop => libc::SIGSTOP,
+                KillSignal::Kill => Signal::KILL,
+                KillSignal::Stop => Signal::STOP,
             };
-            // SAFETY: kill(2) on the pid of the child this run started.
-            if unsafe { libc::kill(pid as libc::pid_t, sig) } != 0 {
-                bail!("kill({pid}): {}", std::io::Error::last_os_error());
+            // kill(2) on the pid of the child this run started.
+            if let Err(e) = kill_process(Pid::from_child(&child.0), sig) {
+                bail!("kill({pid}): {}", std::io::Error::from(e));
             }
             t_sig = Some(Instant::now());
             signalled.store(true, Ordering::Release);
