@@ -17,6 +17,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -84,20 +85,15 @@ pub fn parse_measurement(text: &str, size: usize) -> Result<Measurement> {
     serde_json::from_value(obj).context("client JSON lacks size/bw_mb_s")
 }
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
+/// Set by SIGINT/SIGTERM once [`install_signal_flag`] has run.
+static INTERRUPTED: LazyLock<Arc<AtomicBool>> = LazyLock::new(|| Arc::new(AtomicBool::new(false)));
 
 /// Turns SIGINT/SIGTERM into a flag the demo polls, so it unwinds and the testbed guard
 /// removes the namespaces instead of the process dying with them standing.
 fn install_signal_flag() {
-    let h = on_signal as extern "C" fn(libc::c_int);
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, h as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, h as libc::sighandler_t);
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // As signal(2) did: a failure leaves the default action (the demo then just dies).
+        let _ = signal_hook::flag::register(sig, Arc::clone(&INTERRUPTED));
     }
 }
 

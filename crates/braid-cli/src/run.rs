@@ -17,6 +17,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use rustix::process::{Pid, Signal, kill_process_group};
 
 use crate::testbed::{Testbed, spawn_in_netns};
 
@@ -177,9 +178,11 @@ struct Rank {
 
 /// Signals rank `r`'s process group (it is ours: the rank leads it).
 fn signal_rank(r: &Rank, sig: i32) {
-    if r.running {
-        // SAFETY: kill has no memory-safety preconditions; the group is the rank's own.
-        unsafe { libc::kill(-r.pid, sig) };
+    // The group is the rank's own (a pid of 0 would mean our own group: never signalled).
+    if r.running
+        && let (Some(pid), Some(sig)) = (Pid::from_raw(r.pid), Signal::from_named_raw(sig))
+    {
+        let _ = kill_process_group(pid, sig);
     }
 }
 

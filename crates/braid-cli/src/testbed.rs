@@ -191,8 +191,7 @@ pub fn list_netns() -> Result<Vec<String>> {
 /// Checks that namespaces can be made here (root, `ip` present, netns permitted) by creating
 /// and deleting a probe namespace. The error says why not, for tests to print when skipping.
 pub fn probe() -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    let euid = rustix::process::geteuid().as_raw();
     if euid != 0 {
         bail!("network namespaces need root (euid is {euid})");
     }
@@ -550,15 +549,17 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::AsFd;
     let path = format!("/run/netns/{ns}");
     let file = fs::File::open(&path).with_context(|| format!("opening {path}"))?;
     let ns = ns.to_owned();
     Ok(std::thread::spawn(move || {
-        // SAFETY: setns on a valid namespace fd; CLONE_NEWNET only changes this thread.
-        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        if rc != 0 {
-            bail!("setns into {ns}: {}", std::io::Error::last_os_error());
+        // CLONE_NEWNET only changes this thread.
+        if let Err(e) = rustix::thread::move_into_link_name_space(
+            file.as_fd(),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        ) {
+            bail!("setns into {ns}: {}", std::io::Error::from(e));
         }
         drop(file);
         Ok(f())

@@ -22,10 +22,10 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 /// A fresh random cluster secret (hex) for one run's server and clients.
 pub fn random_secret() -> Result<String> {
     let mut b = [0u8; 32];
-    // SAFETY: getrandom fills the buffer we pass.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
-        bail!("getrandom: {}", std::io::Error::last_os_error());
+    match rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()) {
+        Ok(n) if n == b.len() => {}
+        Ok(n) => bail!("getrandom: {n} of {} bytes", b.len()),
+        Err(e) => bail!("getrandom: {}", std::io::Error::from(e)),
     }
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }

@@ -515,8 +515,8 @@ fn measure(ctx: &Ctx, t: &Target, test: TestKind, row: &mut Row) -> Result<Measu
                 let name = format!("write-{tag}.dat");
                 let server_view = ctx.export.join(&name);
                 let _ = std::fs::remove_file(&server_view);
-                // SAFETY: sync has no preconditions; earlier writes must not flush into this run.
-                unsafe { libc::sync() };
+                // Earlier writes must not flush into this run.
+                rustix::fs::sync();
                 let c0 = Cpu::now(t);
                 let r = lib.seq_write(&name, &server_view, size);
                 let c1 = Cpu::now(t);
@@ -549,8 +549,8 @@ fn measure(ctx: &Ctx, t: &Target, test: TestKind, row: &mut Row) -> Result<Measu
             let name = format!("write-{tag}.dat");
             let server_view = ctx.export.join(&name);
             let _ = std::fs::remove_file(&server_view);
-            // SAFETY: sync has no preconditions; earlier writes must not flush into this run.
-            unsafe { libc::sync() };
+            // Earlier writes must not flush into this run.
+            rustix::fs::sync();
             let c0 = Cpu::now(t);
             let r = workload::seq_write(&t.dir.join(&name), &server_view, size, ctx.limit);
             let c1 = Cpu::now(t);

@@ -127,17 +127,10 @@ impl Drop for TempDir {
 /// File system type of the directory `path` lives on (`statfs`'s magic, named for the few
 /// that matter here).
 pub fn fs_kind(path: &Path) -> Result<&'static str> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
-    // SAFETY: statfs fills the zeroed struct for a NUL-terminated path.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        bail!(
-            "statfs {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
-    }
+    let st = match rustix::fs::statfs(path) {
+        Ok(st) => st,
+        Err(e) => bail!("statfs {}: {}", path.display(), std::io::Error::from(e)),
+    };
     Ok(match st.f_type {
         libc::TMPFS_MAGIC => "tmpfs",
         libc::EXT4_SUPER_MAGIC => "ext4",

@@ -12,11 +12,11 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use rustix::process::{Pid, Signal};
 
 /// Clock ticks per second of `/proc` times.
 fn clk_tck() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let t = rustix::param::clock_ticks_per_second();
     if t > 0 { t as f64 } else { 100.0 }
 }
 
@@ -150,31 +150,33 @@ pub fn machine_busy_seconds() -> f64 {
 
 /// CPU seconds of this process (all threads, user + system).
 pub fn self_cpu_seconds() -> f64 {
-    rusage_seconds(libc::RUSAGE_SELF)
+    rusage_seconds(nix::sys::resource::UsageWho::RUSAGE_SELF)
 }
 
-fn rusage_seconds(who: libc::c_int) -> f64 {
-    // SAFETY: getrusage fills the zeroed struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(who, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+fn rusage_seconds(who: nix::sys::resource::UsageWho) -> f64 {
+    let Ok(ru) = nix::sys::resource::getrusage(who) else {
+        return 0.0;
+    };
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6;
+    tv(ru.user_time()) + tv(ru.system_time())
 }
 
 /// Makes this process the reaper of orphans among its descendants (`PR_SET_CHILD_SUBREAPER`),
 /// so that a grandchild a tool double-forks (sshfs's `ssh`) is reparented here and can be
 /// reaped ([`reap`]) rather than left a zombie.
 pub fn become_subreaper() {
-    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes one integer argument.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
 }
 
 /// Waits for the child `pid` without blocking; true when it has ended (and is reaped).
 fn try_reap(pid: u32) -> bool {
-    let mut status = 0;
-    // SAFETY: waitpid on one pid with WNOHANG.
-    let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
-    r == pid as libc::pid_t || (r < 0 && !std::path::Path::new(&format!("/proc/{pid}")).exists())
+    let Some(p) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return false;
+    };
+    match rustix::process::waitpid(Some(p), rustix::process::WaitOptions::NOHANG) {
+        Ok(r) => r.is_some_and(|(q, _)| q == p),
+        Err(_) => !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+    }
 }
 
 /// Reaps every process of ours that has ended and was reparented to us (see
@@ -193,8 +195,7 @@ pub fn end_process(pid: u32, grace: Duration) -> bool {
         try_reap(pid);
         return false;
     }
-    // SAFETY: kill with a pid we started.
-    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    signal(pid, Signal::TERM);
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if try_reap(pid) || !alive(pid) {
@@ -202,13 +203,19 @@ pub fn end_process(pid: u32, grace: Duration) -> bool {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    // SAFETY: as above.
-    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    signal(pid, Signal::KILL);
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline && !try_reap(pid) && alive(pid) {
         std::thread::sleep(Duration::from_millis(10));
     }
     true
+}
+
+/// Sends `sig` to `pid` (a process we started), ignoring errors as kill(2) was.
+fn signal(pid: u32, sig: Signal) {
+    if let Some(p) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
+        let _ = rustix::process::kill_process(p, sig);
+    }
 }
 
 /// Whether `pid` exists and is not a zombie.
@@ -312,8 +319,7 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -
 /// Runs `sync` and drops the kernel's clean page cache, dentries and inodes
 /// (`/proc/sys/vm/drop_caches`), as a user measuring a cold read does.
 pub fn drop_caches() -> Result<()> {
-    // SAFETY: sync has no preconditions.
-    unsafe { libc::sync() };
+    rustix::fs::sync();
     fs::write("/proc/sys/vm/drop_caches", "3\n").context("writing /proc/sys/vm/drop_caches")
 }
 

@@ -134,8 +134,7 @@ pub fn evict(path: &Path) -> Result<f64> {
     use std::os::fd::AsRawFd;
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let len = f.metadata()?.len() as usize;
-    // SAFETY: fadvise on an open fd.
-    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
     if len == 0 {
         return Ok(0.0);
     }
@@ -237,11 +236,13 @@ pub fn seq_write(file: &Path, server_view: &Path, size: u64, limit: Duration) ->
 }
 
 fn thread_cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the zeroed struct.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    use nix::sys::resource::{UsageWho, getrusage};
+    use nix::sys::time::TimeVal;
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_THREAD) else {
+        return 0.0;
+    };
+    let tv = |t: TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6;
+    tv(ru.user_time()) + tv(ru.system_time())
 }
 
 /// The `p` quantile of sorted samples.

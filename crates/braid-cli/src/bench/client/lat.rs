@@ -1,0 +1,225 @@
+//! Latency tests: a braid ping-pong (busy-polled or blocking in `cq.wait`) and the plain-TCP
+//! ping-pong beside it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use braid::{Access, CompletionKind, Context, Error as BraidError};
+
+use crate::bench::output::{LatStats, Row};
+use crate::bench::{
+    CTRL_LEN, DATA_IMM_MASK, Op, Peer, Progress, check_status, cpu_seconds, rail_delta,
+    region_matches, tcp, write_pattern,
+};
+
+use super::{Plan, finish_test, merge_verify, per_gb, remote_key, setup_for, setup_test};
+
+/// A ping-pong latency test (busy-polled, or blocking in `cq.wait` when `wait_mode`).
+pub(super) fn run_lat(
+    ctx: &Context,
+    peer: &mut Peer,
+    op: Op,
+    size: usize,
+    wait_mode: bool,
+    plan: &Plan,
+) -> Result<Row> {
+    let write = op == Op::WriteLat;
+    let src = ctx.alloc_region(size, Access::LOCAL_WRITE)?;
+    let dst = ctx.alloc_region(size.max(8), Access::all())?;
+    let rbuf_len = if write { CTRL_LEN } else { size.max(CTRL_LEN) };
+    let rbuf = ctx.alloc_region(rbuf_len, Access::LOCAL_WRITE)?;
+    let mut setup = setup_for(op, size, plan, wait_mode);
+    setup.client_key = Some(dst.remote_key().to_bytes().to_vec());
+    let reply = setup_test(peer, setup)?;
+    let rkey = remote_key(&reply)?;
+    let mut scratch = Vec::new();
+    let mut got = Vec::new();
+    if !plan.verify {
+        write_pattern(&src, 0, size, 0, &mut scratch)?;
+    }
+    let ping = src.slice(0, size)?;
+    let warmup = if plan.iters == u64::MAX {
+        100
+    } else {
+        (plan.iters / 10).min(100)
+    };
+    let mode = if wait_mode { "wait" } else { "poll" };
+    let mut prog = Progress::new(
+        format!("{} {size} B ({mode})", op.name()),
+        plan.duration,
+        plan.iters,
+    );
+    let mut rtts: Vec<u64> = Vec::with_capacity(plan.iters.min(1 << 22) as usize);
+    let mut outstanding = 0usize;
+    let mut bad: Option<String> = None;
+    let rails0 = peer.rail_bytes();
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    let mut t_measured = t0;
+    let deadline = plan.duration.map(|d| t0 + d);
+    let mut i = 0u64;
+    loop {
+        if i == warmup {
+            t_measured = Instant::now();
+        }
+        if i >= warmup
+            && (rtts.len() as u64 >= plan.iters || deadline.is_some_and(|d| Instant::now() >= d))
+        {
+            break;
+        }
+        peer.post_recv(rbuf.slice(0, rbuf_len)?)?;
+        if plan.verify {
+            write_pattern(&src, 0, size, i, &mut scratch)?;
+        }
+        let imm = (i as u32) & DATA_IMM_MASK;
+        let t = Instant::now();
+        loop {
+            let r = if write {
+                peer.ep
+                    .write_with_imm(i, std::slice::from_ref(&ping), &rkey, 0, imm)
+            } else {
+                peer.ep.send(i, std::slice::from_ref(&ping))
+            };
+            match r {
+                Ok(()) => {
+                    outstanding += 1;
+                    break;
+                }
+                Err(BraidError::QueueFull { .. }) if t.elapsed() < plan.stall => {
+                    if let Some(c) = peer.scq.wait(Duration::from_millis(10)) {
+                        check_status(&c, "ping")?;
+                        outstanding -= 1;
+                    }
+                }
+                Err(e) => return Err(e).context("posting a ping"),
+            }
+        }
+        let mut spins = 0u32;
+        let c = loop {
+            let c = if wait_mode {
+                peer.rcq.wait(Duration::from_millis(50))
+            } else {
+                peer.rcq.poll()
+            };
+            if let Some(c) = c {
+                break c;
+            }
+            if !wait_mode {
+                // The progress engine thread has to run for the pong to arrive; on a machine
+                // with fewer free cores than busy threads a pure spin starves it.
+                std::thread::yield_now();
+            }
+            spins = spins.wrapping_add(1);
+            if (wait_mode || spins.is_multiple_of(4096)) && t.elapsed() > plan.stall {
+                bail!("{}: no pong for {:?} (server gone?)", op.name(), plan.stall);
+            }
+        };
+        let rtt = t.elapsed().as_nanos() as u64;
+        peer.take(&c)?;
+        check_status(&c, "pong")?;
+        let ok_kind = if write {
+            c.kind == CompletionKind::RecvWriteImm && c.imm == Some(imm)
+        } else {
+            c.kind == CompletionKind::Recv && c.imm.is_none() && c.byte_len == size as u64
+        };
+        if !ok_kind {
+            bail!("{}: unexpected completion for ping {i}: {c:?}", op.name());
+        }
+        if plan.verify && bad.is_none() {
+            let (r, off) = if write { (&dst, 0) } else { (&rbuf, 0) };
+            if let Err(o) = region_matches(r, off, size, i, &mut got, &mut scratch)? {
+                bad = Some(format!("pong {i}: first wrong byte at offset {o}"));
+            }
+        }
+        while let Some(c) = peer.scq.poll() {
+            check_status(&c, "ping")?;
+            outstanding -= 1;
+        }
+        if i >= warmup {
+            rtts.push(rtt);
+        }
+        i += 1;
+        prog.tick(rtts.len() as u64);
+    }
+    let seconds = t_measured.elapsed().as_secs_f64();
+    let client_cpu = cpu_seconds() - cpu0;
+    prog.finish();
+    let until = Instant::now() + plan.stall;
+    while outstanding > 0 {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!("{outstanding} ping(s) never completed");
+        }
+        if let Some(c) = peer.scq.wait(left) {
+            check_status(&c, "ping")?;
+            outstanding -= 1;
+        }
+    }
+    let client_rails = rail_delta(&peer.rail_bytes(), &rails0);
+    let report = finish_test(peer, i)?;
+    let l = LatStats::from_rtts(&mut rtts);
+    let n = l.samples as u64;
+    let bytes = n * size as u64;
+    let mut row = Row {
+        op: op.name().into(),
+        size,
+        iterations: n,
+        bytes,
+        seconds,
+        bw_mb_s: bytes as f64 / seconds / 1e6,
+        msg_rate: n as f64 / seconds,
+        msg_rate_mpps: n as f64 / seconds / 1e6,
+        rails: peer.ep.rail_count(),
+        depth: 1,
+        chunk_size: plan.chunk,
+        client_cpu_s: client_cpu,
+        server_cpu_s: report.cpu_s,
+        client_cpu_s_per_gb: per_gb(client_cpu, 2 * bytes),
+        server_cpu_s_per_gb: per_gb(report.cpu_s, 2 * bytes),
+        rail_bytes: client_rails.clone(),
+        client_rail_bytes: client_rails,
+        server_rail_bytes: report.rail_bytes.clone(),
+        lat_definition: Some(
+            "one-way latency = round-trip time / 2 (perftest convention); rtt_* = full round trip; \
+             bw_mb_s/msg_rate count one direction; CPU/GB counts both directions"
+                .into(),
+        ),
+        lat_us_min: Some(l.min),
+        lat_us_median: Some(l.median),
+        lat_us_p99: Some(l.p99),
+        rtt_us_median: Some(l.median * 2.0),
+        lat_poll: Some(l),
+        ..Default::default()
+    };
+    if plan.verify {
+        row.verified = Some(bad.is_none());
+        row.verify_detail = Some(bad.unwrap_or_else(|| format!("{i} pongs checked by the client")));
+    }
+    merge_verify(&mut row, report.verified, report.verify_detail);
+    Ok(row)
+}
+
+/// A TCP ping-pong of `size` bytes on rail 0's path, blocking in `recv` on both sides if
+/// `wait_mode`, else spinning on non-blocking sockets.
+pub(super) fn tcp_lat(
+    peer: &mut Peer,
+    size: usize,
+    plan: &Plan,
+    wait_mode: bool,
+) -> Result<LatStats> {
+    let reply = setup_test(peer, setup_for(Op::TcpPingPong, size, plan, wait_mode))?;
+    let port = reply
+        .tcp_port
+        .context("no TCP baseline port in the reply")?;
+    let mut s = tcp::connect(&plan.rails[0], port)?;
+    let warmup = if plan.iters == u64::MAX {
+        100
+    } else {
+        (plan.iters / 10).min(100)
+    };
+    let deadline = plan.duration.map(|d| Instant::now() + d);
+    let mut rtts = tcp::ping_pong(&mut s, size, !wait_mode, warmup, plan.iters, deadline)?;
+    drop(s);
+    finish_test(peer, rtts.len() as u64 + warmup)?;
+    Ok(LatStats::from_rtts(&mut rtts))
+}
