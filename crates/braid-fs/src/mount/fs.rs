@@ -82,6 +82,33 @@ impl BraidFs {
         }
     }
 
+    /// Unlink or rmdir: sends `request(parent, name)` and keeps the known attributes right.
+    fn remove(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: ReplyEmpty,
+        request: impl FnOnce(crate::proto::NodeId, Vec<u8>) -> Request,
+    ) {
+        let s = self.shared.clone();
+        let name = Self::name(name);
+        // The removed object's link count and times change too, and it is known here
+        // only by name.
+        s.known.forget_all();
+        let epoch = s.known.epoch();
+        let r = request(s.node(parent), name.clone());
+        self.shared.call(&r, move |r| match r {
+            Ok(reply_body) => {
+                if let Reply::Attr(a) = &reply_body {
+                    s.known.learn(epoch, parent.0, a);
+                }
+                s.known.removed(parent.0, &name);
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
     fn name(name: &OsStr) -> Vec<u8> {
         name.as_bytes().to_vec()
     }
@@ -295,48 +322,16 @@ impl Filesystem for BraidFs {
     }
 
     fn unlink(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let s = self.shared.clone();
-        let name = Self::name(name);
-        // The removed object's link count and times change too, and it is known here
-        // only by name.
-        s.known.forget_all();
-        let epoch = s.known.epoch();
-        let r = Request::Unlink {
-            parent: s.node(parent),
-            name: name.clone(),
-        };
-        self.shared.call(&r, move |r| match r {
-            Ok(reply_body) => {
-                if let Reply::Attr(a) = &reply_body {
-                    s.known.learn(epoch, parent.0, a);
-                }
-                s.known.removed(parent.0, &name);
-                reply.ok()
-            }
-            Err(e) => reply.error(errno(&e)),
+        self.remove(parent, name, reply, |parent, name| Request::Unlink {
+            parent,
+            name,
         });
     }
 
     fn rmdir(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let s = self.shared.clone();
-        let name = Self::name(name);
-        // The removed object's link count and times change too, and it is known here
-        // only by name.
-        s.known.forget_all();
-        let epoch = s.known.epoch();
-        let r = Request::Rmdir {
-            parent: s.node(parent),
-            name: name.clone(),
-        };
-        self.shared.call(&r, move |r| match r {
-            Ok(reply_body) => {
-                if let Reply::Attr(a) = &reply_body {
-                    s.known.learn(epoch, parent.0, a);
-                }
-                s.known.removed(parent.0, &name);
-                reply.ok()
-            }
-            Err(e) => reply.error(errno(&e)),
+        self.remove(parent, name, reply, |parent, name| Request::Rmdir {
+            parent,
+            name,
         });
     }
 
