@@ -2,8 +2,8 @@
 //! encodes back to exactly the bytes it was decoded from (there is one wire form per header).
 #![no_main]
 
-use braid::wire::FrameHeader;
-use braid::wire::frame::{FrameError, HEADER_LEN};
+use braid_proto::wire::FrameHeader;
+use braid_proto::wire::frame::{FrameError, HEADER_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,8 +3,8 @@
 //! `Hello`, offset 14, is ignored by the decoder and encoded as zero, so it is masked).
 #![no_main]
 
-use braid::wire::handshake::{AuthProof, HANDSHAKE_LEN};
-use braid::wire::{HandshakeError, Hello, HelloReply};
+use braid_proto::wire::handshake::{AuthProof, HANDSHAKE_LEN};
+use braid_proto::wire::{HandshakeError, Hello, HelloReply};
 use libfuzzer_sys::fuzz_target;
 
 fn check_len<T>(data: &[u8], r: &Result<T, HandshakeError>) {

@@ -40,12 +40,12 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use braid::mem::Registry;
-use braid::proto::{Request, RxAction, Session, SessionConfig, Transmit};
-use braid::wire::FrameHeader;
-use braid::wire::frame::HEADER_LEN;
-use braid::wire::sgl::SGE_LEN;
-use braid::{Access, Region, RemoteKey, RemoteSge, Sge};
+use braid_proto::mem::Registry;
+use braid_proto::{Request, RxAction, Session, SessionConfig, Transmit};
+use braid_proto::wire::FrameHeader;
+use braid_proto::wire::frame::HEADER_LEN;
+use braid_proto::wire::sgl::SGE_LEN;
+use braid_proto::{Access, Region, RemoteKey, RemoteSge, Sge};
 use libfuzzer_sys::fuzz_target;
 
 struct Mem {

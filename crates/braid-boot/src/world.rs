@@ -44,7 +44,7 @@ impl WorldOptions {
             join_timeout: Duration::from_secs(60),
             collective_timeout: Duration::from_secs(300),
             linger: Duration::from_secs(10),
-            max_rails: braid::wire::handshake::MAX_RAILS as usize,
+            max_rails: braid::MAX_RAILS as usize,
         }
     }
 }

@@ -19,16 +19,16 @@ use socket2::{Domain, Socket, Type};
 use crate::cq::CompletionQueue;
 use crate::endpoint::{Endpoint, EndpointOptions, RailAddr};
 use crate::engine::{Command, EndpointShared, Engine, RailIo};
-use crate::error::Error;
-use crate::mem::registry::random_u64;
-use crate::mem::{Access, Region, RegionOptions, Registry};
 use crate::netns::NetNs;
-use crate::proto::Session;
-use crate::wire::handshake::{
+use braid_proto::Session;
+use braid_proto::error::Error;
+use braid_proto::mem::registry::random_u64;
+use braid_proto::mem::{Access, Region, RegionOptions, Registry};
+use braid_proto::wire::handshake::{
     AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, MAX_RAILS, NONCE_LEN, auth_mac, caps,
     verify_auth_mac,
 };
-use crate::wire::{HandshakeError, HandshakeStatus, Hello, HelloReply};
+use braid_proto::wire::{HandshakeError, HandshakeStatus, Hello, HelloReply};
 
 static NEXT_ENDPOINT: AtomicU64 = AtomicU64::new(1);
 
@@ -135,7 +135,7 @@ impl Context {
 
     /// Allocates `len` bytes of page-aligned, zeroed memory and registers it with `access`.
     pub fn alloc_region(&self, len: usize, access: Access) -> Result<Region, Error> {
-        Region::allocate(&self.inner.registry, len, access, RegionOptions::default())
+        Region::allocate_in(&self.inner.registry, len, access)
     }
 
     /// [`Context::alloc_region`] with options (huge pages, populated pages).
@@ -163,7 +163,7 @@ impl Context {
         access: Access,
     ) -> Result<Region, Error> {
         // SAFETY: forwarded contract.
-        unsafe { Region::borrow(&self.inner.registry, ptr, len, access) }
+        unsafe { Region::register_in(&self.inner.registry, ptr, len, access) }
     }
 
     /// Registers `len` bytes of a regular file, starting at file offset `offset`, as a region:
@@ -201,7 +201,7 @@ impl Context {
         len: usize,
         access: Access,
     ) -> Result<Region, Error> {
-        Region::map_file(&self.inner.registry, file, offset, len, access)
+        Region::register_file_in(&self.inner.registry, file, offset, len, access)
     }
 
     /// Number of regions registered in this context.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::error::{Completion, Error};
+use braid_proto::error::{Completion, Error};
 
 struct CqState {
     items: VecDeque<Completion>,

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use crate::cq::CompletionQueue;
 use crate::engine::{Command, EndpointShared, Engine};
-use crate::error::Error;
-use crate::mem::region::{RemoteKey, RemoteSge, Sge, sgl_len};
-use crate::proto::{PostError, Request, SessionConfig};
+use braid_proto::error::Error;
+use braid_proto::mem::region::{RemoteKey, RemoteSge, Sge, sgl_len};
+use braid_proto::{PostError, Request, SessionConfig};
 
 /// Operations at most this large are written from the posting thread when a rail is idle
 /// (the inline fast path); larger ones are handed to the progress engine.
@@ -161,10 +161,18 @@ impl Endpoint {
         self.shared.session.lock().rail_rates()
     }
 
-    /// Shuts rail `rail`'s socket down, as a cable pull would (for failover tests).
-    #[doc(hidden)]
-    pub fn break_rail_for_test(&self, rail: usize) {
-        self.shared.rails[rail].shutdown();
+    /// Breaks rail `rail` as a pulled cable would: its socket is shut down in both
+    /// directions, and the endpoint recovers exactly as after a real loss (chunks in flight
+    /// on the rail are sent again on the others, the rail is redialled). Fault injection for
+    /// failover tests and soak runs, with the `fault-injection` feature.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_rail_failure(&self, rail: usize) -> Result<(), Error> {
+        let n = self.shared.rails.len();
+        let r = self.shared.rails.get(rail).ok_or_else(|| {
+            Error::InvalidArgument(format!("rail {rail} does not exist: the endpoint has {n}"))
+        })?;
+        r.shutdown();
+        Ok(())
     }
 
     /// Which rails are still in use.

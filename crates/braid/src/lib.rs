@@ -29,8 +29,9 @@
 //! # Ok::<(), braid::Error>(())
 //! ```
 //!
-//! The protocol core ([`proto`]) is sans-IO and can be driven by a simulator; the wire
-//! format is in [`wire`] and the repository's `docs/PROTOCOL.md`.
+//! The protocol core is sans-IO and lives in the `braid-proto` crate, which a simulator or a
+//! fuzz target can drive without sockets; the wire format is described in the repository's
+//! `docs/PROTOCOL.md`.
 
 #![warn(missing_docs)]
 
@@ -38,15 +39,14 @@ mod context;
 mod cq;
 mod endpoint;
 mod engine;
-pub mod error;
-pub mod mem;
 mod netns;
-pub mod proto;
-pub mod wire;
 
+pub use braid_proto::wire::handshake::MAX_RAILS;
+pub use braid_proto::wire::sgl::MAX_REMOTE_SGE;
+pub use braid_proto::{
+    Access, Completion, CompletionKind, Error, Region, RegionOptions, RemoteKey, RemoteSge,
+    SessionConfig, Sge, Status,
+};
 pub use context::{Context, ContextConfig, Listener, SECRET_ENV, SECRET_FILE_ENV};
 pub use cq::{CompletionQueue, NextCompletion};
 pub use endpoint::{Endpoint, EndpointOptions, RailAddr};
-pub use error::{Completion, CompletionKind, Error, Status};
-pub use mem::{Access, Region, RegionOptions, RemoteKey, RemoteSge, Sge};
-pub use proto::SessionConfig;

@@ -50,7 +50,7 @@ fn one_rail_breaks_mid_transfer_and_everything_completes_exactly_once() {
         // Let the first operations through, then pull the cable of one rail.
         let first = next(&p.client_cq);
         assert_eq!((first.wr_id, first.status), (0, Status::Success));
-        p.client.break_rail_for_test(broken);
+        p.client.inject_rail_failure(broken).unwrap();
         let mut olds = Vec::new();
         for id in 1..wr {
             let c = next(&p.client_cq);
@@ -112,8 +112,8 @@ fn losing_every_rail_fails_every_operation_once() {
             .write(i, &[src.as_sge()], &target.remote_key(), 0)
             .unwrap();
     }
-    p.client.break_rail_for_test(0);
-    p.client.break_rail_for_test(1);
+    p.client.inject_rail_failure(0).unwrap();
+    p.client.inject_rail_failure(1).unwrap();
     let mut seen = Vec::new();
     for _ in 0..16 {
         let c = next(&p.client_cq);
@@ -162,7 +162,7 @@ fn a_broken_rail_rejoins_and_carries_traffic_again() {
     let data = pattern(11, 16 << 20);
     src.write_at(0, &data).unwrap();
 
-    cep.break_rail_for_test(1);
+    cep.inject_rail_failure(1).unwrap();
     // Bounded waits on the rail state (polling a condition, not sleeping for a result):
     // first the break is noticed, then the re-dialled rail is back on both sides.
     let deadline = Instant::now() + WAIT;

@@ -6,9 +6,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use braid::wire::handshake::{HANDSHAKE_LEN, Hello, HelloReply};
-use braid::wire::{HandshakeError, HandshakeStatus};
 use braid::{Context, EndpointOptions, Error, RailAddr};
+use braid_proto::wire::handshake::{HANDSHAKE_LEN, Hello, HelloReply};
+use braid_proto::wire::{HandshakeError, HandshakeStatus};
 use common::WAIT;
 
 fn opts(ctx: &Context) -> EndpointOptions {
@@ -91,7 +91,7 @@ fn client_gets_version_mismatch() {
         matches!(
             err,
             Error::VersionMismatch {
-                ours: braid::wire::handshake::HANDSHAKE_VERSION,
+                ours: braid_proto::wire::handshake::HANDSHAKE_VERSION,
                 theirs: 9,
                 ..
             }
@@ -152,7 +152,7 @@ fn server_refuses_foreign_version_and_garbage_then_still_accepts() {
     let mut bad = TcpStream::connect(addr).unwrap();
     bad.set_read_timeout(Some(WAIT)).unwrap();
     let hb = Hello {
-        version: braid::wire::handshake::HANDSHAKE_VERSION,
+        version: braid_proto::wire::handshake::HANDSHAKE_VERSION,
         rail_index: 3,
         rail_count: 2,
         ..h

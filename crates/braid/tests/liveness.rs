@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use braid::SessionConfig;
-use braid::mem::Registry;
-use braid::proto::Session;
+use braid_proto::Session;
+use braid_proto::mem::Registry;
 
 const RAILS: usize = 3;
 const ALL: u64 = (1 << RAILS) - 1;

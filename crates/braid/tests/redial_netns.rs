@@ -96,7 +96,7 @@ fn a_rail_is_redialled_from_the_namespace_its_endpoint_was_connected_in() {
     let data = pattern(23, 8 << 20);
     src.write_at(0, &data).unwrap();
 
-    cep.break_rail_for_test(1);
+    cep.inject_rail_failure(1).unwrap();
     // Bounded waits on the rail state (polling a condition, not sleeping for a result).
     let deadline = Instant::now() + WAIT;
     while cep.rails_alive()[1] {

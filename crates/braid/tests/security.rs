@@ -7,11 +7,13 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use braid::mem::Registry;
-use braid::proto::{Request, RxAction, Session, SessionConfig};
-use braid::wire::handshake::{AuthProof, AuthRole, HANDSHAKE_LEN, Hello, HelloReply, auth_mac};
-use braid::wire::{FrameHeader, HandshakeStatus};
 use braid::{Access, Context, ContextConfig, EndpointOptions, Error, RailAddr, Region};
+use braid_proto::mem::Registry;
+use braid_proto::wire::handshake::{
+    AuthProof, AuthRole, HANDSHAKE_LEN, Hello, HelloReply, auth_mac,
+};
+use braid_proto::wire::{FrameHeader, HandshakeStatus};
+use braid_proto::{Request, RxAction, Session, SessionConfig};
 use common::*;
 
 fn ctx(secret: Option<&str>) -> Context {
@@ -134,7 +136,7 @@ fn replayed_and_truncated_handshakes_are_refused() {
     // by its timeout; refused rails are logged and do not end it early.
     let acc = std::thread::spawn(move || l.accept(&o, Duration::from_secs(2)));
     let hello = Hello {
-        version: braid::wire::handshake::HANDSHAKE_VERSION,
+        version: braid_proto::wire::handshake::HANDSHAKE_VERSION,
         rail_index: 0,
         rail_count: 2,
         capabilities: 0,

@@ -47,7 +47,7 @@ impl Net {
         }
         if loopback {
             eprintln!(
-                "braid soak: --loopback: rails 127.0.0.1..127.0.0.{rails}, unshaped; a link flap is a socket break (Endpoint::break_rail_for_test)"
+                "braid soak: --loopback: rails 127.0.0.1..127.0.0.{rails}, unshaped; a link flap is a socket break (Endpoint::inject_rail_failure)"
             );
             return Ok(Net { tb: None, rails });
         }
@@ -71,7 +71,7 @@ impl Net {
             }
             Err(e) => {
                 eprintln!(
-                    "braid soak: network namespaces unavailable ({e:#}); running on loopback rails 127.0.0.1..127.0.0.{rails} instead: unshaped, and a link flap becomes a socket break (Endpoint::break_rail_for_test)"
+                    "braid soak: network namespaces unavailable ({e:#}); running on loopback rails 127.0.0.1..127.0.0.{rails} instead: unshaped, and a link flap becomes a socket break (Endpoint::inject_rail_failure)"
                 );
                 Ok(Net { tb: None, rails })
             }
@@ -137,7 +137,7 @@ impl Net {
             None => {
                 if !up {
                     for e in eps {
-                        e.break_rail_for_test(rail);
+                        e.inject_rail_failure(rail)?;
                     }
                 }
                 Ok(())

@@ -14,12 +14,12 @@ use parking_lot::Mutex;
 use super::{Context, nonce};
 use crate::endpoint::{Endpoint, EndpointOptions};
 use crate::engine::Command;
-use crate::error::Error;
-use crate::wire::handshake::{
+use braid_proto::error::Error;
+use braid_proto::wire::handshake::{
     AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, MAC_LEN, MAX_RAILS, NONCE_LEN, auth_mac,
     caps, verify_auth_mac,
 };
-use crate::wire::{HandshakeStatus, Hello, HelloReply};
+use braid_proto::wire::{HandshakeStatus, Hello, HelloReply};
 
 /// How long a rail's whole handshake may take on the accepting side.
 const ACCEPT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -151,7 +151,7 @@ impl Listener {
             ready_cv: parking_lot::Condvar::new(),
             want_crc: AtomicBool::new(false),
             chunk_size: std::sync::atomic::AtomicU32::new(
-                crate::proto::SessionConfig::default().chunk_size as u32,
+                braid_proto::SessionConfig::default().chunk_size as u32,
             ),
             closed: AtomicBool::new(false),
             half_open: Mutex::new(HalfOpen::default()),

@@ -20,8 +20,8 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use crate::cq::CompletionQueue;
-use crate::error::CompletionKind;
-use crate::proto::Session;
+use braid_proto::Session;
+use braid_proto::error::CompletionKind;
 
 pub(crate) use event_loop::{Command, Engine, EngineShared};
 use rx::RxCore;

@@ -6,9 +6,9 @@
 use std::os::fd::RawFd;
 use std::time::Instant;
 
-use crate::mem::file::copy_maybe_fragile;
-use crate::proto::{Placement, RxAction};
-use crate::wire::{FrameHeader, HEADER_LEN};
+use braid_proto::mem::file::copy_maybe_fragile;
+use braid_proto::wire::{FrameHeader, HEADER_LEN};
+use braid_proto::{Placement, RxAction};
 
 use super::{EndpointShared, clock_ns, io};
 

@@ -8,8 +8,8 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::proto::Transmit;
-use crate::wire::HEADER_LEN;
+use braid_proto::Transmit;
+use braid_proto::wire::HEADER_LEN;
 
 use super::{EndpointShared, io};
 

@@ -111,11 +111,8 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
         if !matches!(op, Op::Write | Op::Read) {
             bail!("-v/--pieces applies to write and read tests");
         }
-        if n == 0 || n > braid::wire::sgl::MAX_REMOTE_SGE {
-            bail!(
-                "-v must be 1 .. {} pieces",
-                braid::wire::sgl::MAX_REMOTE_SGE
-            );
+        if n == 0 || n > braid::MAX_REMOTE_SGE {
+            bail!("-v must be 1 .. {} pieces", braid::MAX_REMOTE_SGE);
         }
         if let Some(s) = sizes.iter().find(|&&s| s < n) {
             bail!("-v {n}: a {s}-byte message cannot be cut into {n} pieces");

@@ -119,7 +119,7 @@ pub enum Status {
     /// the region. The target memory is unchanged.
     RemoteAccessError,
     /// A local file region's pages could not be read or written: the file was truncated
-    /// under the operation (see [`crate::Context::register_file`]). For a write or send the
+    /// under the operation (see `braid::Context::register_file`). For a write or send the
     /// peer received zeros in place of the missing bytes; for a read the local bytes are
     /// undefined.
     LocalAccessError,

@@ -12,9 +12,9 @@ use crate::mem::file::FileMap;
 pub(super) enum Backing {
     /// braid mapped it and unmaps it when the last reference goes.
     Mapped { map_len: usize },
-    /// The caller owns it (see [`crate::Context::register`]).
+    /// The caller owns it (see `braid::Context::register`).
     Borrowed,
-    /// Pages of a file, mapped `MAP_SHARED` (see [`crate::Context::register_file`]); the map
+    /// Pages of a file, mapped `MAP_SHARED` (see `braid::Context::register_file`); the map
     /// is undone when the last reference goes.
     File(FileMap),
 }

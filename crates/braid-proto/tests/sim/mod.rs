@@ -24,10 +24,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use braid::mem::Registry;
-use braid::proto::{ProtocolError, RxAction, Session, SessionConfig};
-use braid::wire::{FrameError, FrameHeader, HEADER_LEN};
-use braid::{Access, Completion, Region, Sge};
+use braid_proto::mem::Registry;
+use braid_proto::wire::{FrameError, FrameHeader, HEADER_LEN};
+use braid_proto::{Access, Completion, Region, Sge};
+use braid_proto::{ProtocolError, RxAction, Session, SessionConfig};
 
 // ------------------------------------------------------------------------------ PRNG
 
@@ -568,7 +568,7 @@ impl Sim {
         s: usize,
         wr_id: u64,
         local: Vec<Sge>,
-    ) -> Result<(), braid::proto::PostError> {
+    ) -> Result<(), braid_proto::PostError> {
         let r = self.sides[s].session.post_recv(wr_id, local);
         self.process_dead(s);
         self.collect_retry(s);

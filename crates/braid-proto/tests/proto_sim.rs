@@ -1,4 +1,4 @@
-//! Deterministic simulation tests of the sans-IO protocol core ([`braid::proto::Session`]).
+//! Deterministic simulation tests of the sans-IO protocol core ([`braid_proto::Session`]).
 //!
 //! Every test is driven by a seeded PRNG and a virtual clock (see `sim/mod.rs`); failure
 //! messages name the seed. `BRAID_SIM_SEED=n` replays one seed of the many-seeds test,
@@ -9,10 +9,10 @@ mod sim;
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use braid::proto::{PostError, ProtocolError, Request, RxAction, Session, SessionConfig};
-use braid::wire::frame::{FLAG_EARLY, FLAG_IMM};
-use braid::wire::{FrameError, FrameHeader, HEADER_LEN, Opcode, WireStatus};
-use braid::{Access, Completion, CompletionKind, Region, RemoteKey, RemoteSge, Status};
+use braid_proto::wire::frame::{FLAG_EARLY, FLAG_IMM};
+use braid_proto::wire::{FrameError, FrameHeader, HEADER_LEN, Opcode, WireStatus};
+use braid_proto::{Access, Completion, CompletionKind, Region, RemoteKey, RemoteSge, Status};
+use braid_proto::{PostError, ProtocolError, Request, RxAction, Session, SessionConfig};
 use sim::{Rng, Sim, random_sgl, seeds};
 
 const A: usize = 0;
@@ -53,7 +53,7 @@ fn random_cfg(rng: &mut Rng) -> SessionConfig {
     }
 }
 
-fn write(local: Vec<braid::Sge>, rkey: u64, addr: u64) -> Request {
+fn write(local: Vec<braid_proto::Sge>, rkey: u64, addr: u64) -> Request {
     Request::Write {
         local,
         rkey,
@@ -1720,7 +1720,7 @@ type FuzzFrame = (u8, u16, u16, u64, bool, u64, u64, u64, u32, usize, bool);
 /// What a random header sequence may do to a session: anything but panic, and every
 /// placement must stay inside registered memory.
 fn fuzz_session(frames: &[FuzzFrame]) {
-    let reg = std::sync::Arc::new(braid::mem::Registry::default());
+    let reg = std::sync::Arc::new(braid_proto::mem::Registry::default());
     let target = Region::allocate_in(&reg, 8192, Access::all()).unwrap();
     let local = Region::allocate_in(&reg, 8192, Access::LOCAL_WRITE).unwrap();
     let cfg = SessionConfig {
@@ -1897,8 +1897,8 @@ mod fuzz {
 
         #[test]
         fn random_bytes_decode_or_refuse(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
-            if let Ok(h) = braid::wire::FrameHeader::decode(&bytes) {
-                prop_assert_eq!(braid::wire::FrameHeader::decode(&h.encode()), Ok(h));
+            if let Ok(h) = braid_proto::wire::FrameHeader::decode(&bytes) {
+                prop_assert_eq!(braid_proto::wire::FrameHeader::decode(&h.encode()), Ok(h));
             }
         }
     }
@@ -2918,7 +2918,7 @@ fn many_seeds_mixed_operations() {
 }
 
 /// Runs every seed of the mixed simulation and lists all failures instead of stopping at
-/// the first: `cargo test --release -p braid --test proto_sim survey -- --ignored --nocapture`
+/// the first: `cargo test --release -p braid-proto --test proto_sim survey -- --ignored --nocapture`
 /// (3000 seeds by default, about 45 s; add `BRAID_SIM_OVERLAP=1` for overlapping operations).
 #[test]
 #[ignore]

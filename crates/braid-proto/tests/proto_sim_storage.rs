@@ -8,16 +8,16 @@
 //! its remote list says. `BRAID_SIM_SEED=n` replays one seed.
 
 mod sim;
-#[path = "common/tmpfile.rs"]
+#[path = "../../braid/tests/common/tmpfile.rs"]
 #[allow(dead_code)]
 mod tmpfile;
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use braid::proto::{Request, SessionConfig};
-use braid::wire::Opcode;
-use braid::{Access, CompletionKind, Region, RemoteKey, RemoteSge, Status};
+use braid_proto::wire::Opcode;
+use braid_proto::{Access, CompletionKind, Region, RemoteKey, RemoteSge, Status};
+use braid_proto::{Request, SessionConfig};
 use sim::{Rng, Sim, random_sgl, seeds};
 use tmpfile::TempFile;
 
@@ -43,7 +43,7 @@ struct Expect {
     pieces: Vec<(Mem, usize, usize)>,
     /// Write: the bytes sent. Read: the destination.
     data: Option<Vec<u8>>,
-    dst: Option<(Region, Vec<braid::Sge>)>,
+    dst: Option<(Region, Vec<braid_proto::Sge>)>,
     _src: Option<Region>,
 }
 

@@ -107,7 +107,7 @@ impl fmt::Debug for Region {
     }
 }
 
-/// Options for [`crate::Context::alloc_region_with`].
+/// Options for `braid::Context::alloc_region_with`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RegionOptions {
     /// Back the region with huge pages (`MAP_HUGETLB`); allocation fails if none are free.
@@ -119,8 +119,8 @@ pub struct RegionOptions {
 }
 
 impl Region {
-    /// Allocates a region registered in `registry` directly, without a [`crate::Context`]:
-    /// for drivers of a bare [`crate::proto::Session`] such as simulations.
+    /// [`Region::allocate`] with default options: for drivers of a bare [`crate::Session`]
+    /// such as simulations.
     pub fn allocate_in(
         registry: &Arc<Registry>,
         len: usize,
@@ -129,20 +129,9 @@ impl Region {
         Self::allocate(registry, len, access, RegionOptions::default())
     }
 
-    /// Maps and registers a range of a file in `registry` directly, without a
-    /// [`crate::Context`] (see [`crate::Context::register_file`] for the rules): for drivers
-    /// of a bare [`crate::proto::Session`] such as simulations.
-    pub fn register_file_in(
-        registry: &Arc<Registry>,
-        file: impl std::os::fd::AsFd,
-        offset: u64,
-        len: usize,
-        access: Access,
-    ) -> Result<Region, Error> {
-        Self::map_file(registry, file, offset, len, access)
-    }
-
-    pub(crate) fn allocate(
+    /// Allocates `len` bytes of page-aligned, zeroed memory registered in `registry` with
+    /// `access` (what `braid::Context::alloc_region_with` does with its context's registry).
+    pub fn allocate(
         registry: &Arc<Registry>,
         len: usize,
         access: Access,
@@ -193,9 +182,14 @@ impl Region {
         ))
     }
 
+    /// Registers caller-owned memory in `registry` (what `braid::Context::register` does).
+    ///
     /// # Safety
-    /// See [`crate::Context::register`].
-    pub(crate) unsafe fn borrow(
+    /// `ptr` must be valid for reads and writes of `len` bytes until the last handle of the
+    /// returned region is dropped; while the region exists, peers and the driver may write
+    /// the memory at any moment, so the caller must not hold Rust references to it that
+    /// assume exclusive or unchanging contents.
+    pub unsafe fn register_in(
         registry: &Arc<Registry>,
         ptr: *mut u8,
         len: usize,
@@ -210,8 +204,9 @@ impl Region {
         Ok(Self::install(registry, ptr, len, access, Backing::Borrowed))
     }
 
-    /// Maps and registers a range of a file; see [`crate::Context::register_file`].
-    pub(crate) fn map_file(
+    /// Maps and registers `len` bytes of a regular file from `offset` in `registry` (what
+    /// `braid::Context::register_file` does; its documentation has the rules).
+    pub fn register_file_in(
         registry: &Arc<Registry>,
         file: impl std::os::fd::AsFd,
         offset: u64,
@@ -395,7 +390,7 @@ impl Region {
         Ok(())
     }
 
-    /// True for a file region ([`crate::Context::register_file`]).
+    /// True for a file region (`braid::Context::register_file`).
     pub fn is_file(&self) -> bool {
         self.reg.inner.is_file()
     }
@@ -500,7 +495,7 @@ pub(crate) fn sgl_is_fragile(sgl: &[Sge]) -> bool {
 }
 
 /// A remote scatter/gather entry: `len` bytes at `offset` of the peer's region `key`, one
-/// piece of the remote side of [`crate::Endpoint::write_v`] and [`crate::Endpoint::read_v`].
+/// piece of the remote side of `braid::Endpoint::write_v` and `braid::Endpoint::read_v`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteSge {
     /// The peer's region.
@@ -525,7 +520,7 @@ impl From<&Region> for Sge {
 }
 
 /// Total bytes named by a list of entries.
-pub(crate) fn sgl_len(sgl: &[Sge]) -> u64 {
+pub fn sgl_len(sgl: &[Sge]) -> u64 {
     sgl.iter().map(|s| s.len as u64).sum()
 }
 

@@ -236,12 +236,7 @@ pub(crate) fn write_fragile(dst: *mut u8, src: &[u8]) -> bool {
 /// # Safety
 /// Both ranges must be mapped memory of at least `len` bytes (file pages may be truncated
 /// when `fragile`), and must not overlap.
-pub(crate) unsafe fn copy_maybe_fragile(
-    src: *const u8,
-    dst: *mut u8,
-    len: usize,
-    fragile: bool,
-) -> bool {
+pub unsafe fn copy_maybe_fragile(src: *const u8, dst: *mut u8, len: usize, fragile: bool) -> bool {
     if !fragile {
         // SAFETY: the caller's contract.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };

@@ -163,7 +163,9 @@ impl Registry {
 #[derive(Default)]
 pub(crate) struct FileEnds(Vec<(u64, u64)>);
 
-pub(crate) fn random_u64() -> u64 {
+/// A random 64-bit value from the operating system's generator (keys, session ids and
+/// nonces must never be predictable).
+pub fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     // The OS generator only fails on broken systems; keys must never be predictable.
     getrandom::fill(&mut b).expect("the operating system's random generator failed");
