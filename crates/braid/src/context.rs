@@ -3,6 +3,8 @@
 //! [`Listener`]) is in `listener`.
 
 mod listener;
+#[cfg(test)]
+mod tests;
 
 pub use listener::Listener;
 
@@ -18,6 +20,7 @@ use socket2::{Domain, Socket, Type};
 
 use crate::cq::CompletionQueue;
 use crate::endpoint::{Endpoint, EndpointOptions, RailAddr};
+use crate::engine::transport::{Tcp, Transport};
 use crate::engine::{Command, EndpointShared, Engine, RailIo};
 use crate::netns::NetNs;
 use braid_proto::Session;
@@ -281,15 +284,28 @@ impl Context {
         redial: Option<Redial>,
     ) -> Result<Endpoint, Error> {
         let mut addrs = Vec::new();
-        for s in &streams {
-            s.set_nonblocking(true)?;
-            s.set_nodelay(true)?;
+        let mut links: Vec<Arc<dyn Transport>> = Vec::new();
+        for s in streams {
             addrs.push((s.local_addr()?, s.peer_addr()?));
+            links.push(Arc::new(Tcp::new(s)?));
         }
+        self.start_endpoint_on(links, addrs, opts, crc, redial)
+    }
+
+    /// Starts an endpoint over links whose handshake is done, whatever their transport.
+    fn start_endpoint_on(
+        &self,
+        links: Vec<Arc<dyn Transport>>,
+        addrs: Vec<(SocketAddr, SocketAddr)>,
+        opts: &EndpointOptions,
+        crc: bool,
+        redial: Option<Redial>,
+    ) -> Result<Endpoint, Error> {
+        let rails: Vec<RailIo> = links.into_iter().map(RailIo::new).collect();
         let id = NEXT_ENDPOINT.fetch_add(1, Ordering::Relaxed);
         let mut cfg = opts.session.clone();
         cfg.payload_crc = crc;
-        let session = Session::new(cfg, self.inner.registry.clone(), streams.len(), id);
+        let session = Session::new(cfg, self.inner.registry.clone(), rails.len(), id);
         let redial = redial.map(Arc::new);
         let shared = Arc::new_cyclic(|weak: &Weak<EndpointShared>| EndpointShared {
             id,
@@ -300,7 +316,7 @@ impl Context {
                     as Box<dyn Fn(usize) + Send + Sync>
             }),
             session: Mutex::new(session),
-            rails: streams.into_iter().map(RailIo::new).collect(),
+            rails,
             send_cq: opts.send_cq.clone(),
             recv_cq: opts.recv_cq.clone(),
             closed: AtomicBool::new(false),
@@ -387,14 +403,17 @@ impl Redial {
                 true,
             );
             match attempt {
-                Ok((stream, _)) => {
-                    self.engine.send(Command::Restore {
-                        id: shared.id,
-                        rail,
-                        stream,
-                    });
-                    break;
-                }
+                Ok((stream, _)) => match Tcp::new(stream) {
+                    Ok(link) => {
+                        self.engine.send(Command::Restore {
+                            id: shared.id,
+                            rail,
+                            link: Arc::new(link),
+                        });
+                        break;
+                    }
+                    Err(e) => tracing::debug!(endpoint = shared.id, rail, "re-dial failed: {e}"),
+                },
                 Err(e) => tracing::debug!(endpoint = shared.id, rail, "re-dial failed: {e}"),
             }
         }

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use super::{Context, nonce};
 use crate::endpoint::{Endpoint, EndpointOptions};
 use crate::engine::Command;
+use crate::engine::transport::Tcp;
 use braid_proto::error::Error;
 use braid_proto::wire::handshake::{
     AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, MAC_LEN, MAX_RAILS, NONCE_LEN, auth_mac,
@@ -463,7 +464,7 @@ impl ListenerShared {
             self.ctx.inner.engine.send(Command::Restore {
                 id: ep.id,
                 rail: hello.rail_index as usize,
-                stream,
+                link: Arc::new(Tcp::new(stream)?),
             });
             return Ok(None);
         }

@@ -3,8 +3,6 @@
 //! hand-over of reads to an application thread that polls an endpoint.
 
 use std::collections::HashMap;
-use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
@@ -14,8 +12,8 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
-use super::rx::RxCore;
-use super::{APP_POLL_HOLD_NS, EndpointShared, clock_ns, io};
+use super::transport::Transport;
+use super::{APP_POLL_HOLD_NS, EndpointShared, clock_ns};
 
 const WAKER: Token = Token(usize::MAX);
 /// Period of keepalive and dead-peer checks.
@@ -35,8 +33,8 @@ pub(crate) enum Command {
         id: u64,
         /// The rail.
         rail: usize,
-        /// The connection, handshake done.
-        stream: TcpStream,
+        /// The new link, handshake done.
+        link: Arc<dyn Transport>,
     },
     /// Stop the thread.
     Stop,
@@ -173,8 +171,8 @@ impl EngineLoop {
                     Command::Add(ep) => self.add(ep),
                     Command::Kick(id) => touched.push(id),
                     Command::Close(id) => self.close(id),
-                    Command::Restore { id, rail, stream } => {
-                        self.restore(id, rail, stream);
+                    Command::Restore { id, rail, link } => {
+                        self.restore(id, rail, link);
                         touched.push(id);
                     }
                     Command::Stop => {
@@ -254,7 +252,7 @@ impl EngineLoop {
         let mut touched = Vec::new();
         for (id, (ep, _)) in &self.endpoints {
             for rail in 0..ep.rails.len() {
-                let Some(t) = io::tcp_sample(ep.rails[rail].fd()) else {
+                let Some(t) = ep.rails[rail].link().sample() else {
                     continue;
                 };
                 let mut s = ep.session.lock();
@@ -303,19 +301,15 @@ impl EngineLoop {
         self.progress(id);
     }
 
-    fn restore(&mut self, id: u64, rail: usize, stream: TcpStream) {
+    fn restore(&mut self, id: u64, rail: usize, link: Arc<dyn Transport>) {
         let Some((ep, tokens)) = self.endpoints.get(&id) else {
             return;
         };
         let (ep, token) = (ep.clone(), tokens[rail]);
-        if stream.set_nonblocking(true).is_err() || stream.set_nodelay(true).is_err() {
-            return;
-        }
         let old = ep.rails[rail].fd();
         let _ = self.poll.registry().deregister(&mut SourceFd(&old));
-        let fd = stream.as_raw_fd();
-        ep.rails[rail].replace(stream);
-        *ep.rails[rail].rx.lock() = RxCore::new();
+        let fd = link.readiness_fd();
+        ep.rails[rail].replace(link);
         let restored = {
             let mut s = ep.session.lock();
             let ok = s.on_rail_restored(rail);
@@ -417,13 +411,13 @@ mod tests {
         engine.send(Command::Close(9));
         let (a, _b) = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-            let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+            let a = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
             (a, l.accept().expect("accept").0)
         };
         engine.send(Command::Restore {
             id: 10,
             rail: 0,
-            stream: a,
+            link: Arc::new(super::super::transport::Tcp::new(a).expect("tcp link")),
         });
         // Stop ends the loop once it has taken every command above without falling over.
         let mut engine = engine;

@@ -127,7 +127,7 @@ pub(crate) fn set_rcvlowat(fd: RawFd, bytes: usize) -> io::Result<()> {
 }
 
 /// What the kernel knows of a TCP connection (from `TCP_INFO`).
-pub(crate) struct TcpSample {
+pub(crate) struct TcpInfo {
     /// Most recent delivery-rate sample, bytes per second (`tcpi_delivery_rate`); `None`
     /// when not measured yet.
     pub(crate) delivery_rate: Option<f64>,
@@ -137,7 +137,7 @@ pub(crate) struct TcpSample {
 }
 
 /// Samples `TCP_INFO` of a socket; `None` when unavailable.
-pub(crate) fn tcp_sample(fd: RawFd) -> Option<TcpSample> {
+pub(crate) fn tcp_info(fd: RawFd) -> Option<TcpInfo> {
     // SAFETY: tcp_info is plain data; the kernel fills at most `len` bytes of it.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -155,7 +155,7 @@ pub(crate) fn tcp_sample(fd: RawFd) -> Option<TcpSample> {
         return None;
     }
     let have_rate = std::mem::offset_of!(libc::tcp_info, tcpi_delivery_rate) + 8;
-    Some(TcpSample {
+    Some(TcpInfo {
         delivery_rate: (len as usize >= have_rate && info.tcpi_delivery_rate > 0)
             .then_some(info.tcpi_delivery_rate as f64),
         since_data_recv: std::time::Duration::from_millis(info.tcpi_last_data_recv as u64),

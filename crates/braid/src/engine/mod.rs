@@ -9,10 +9,10 @@
 mod event_loop;
 pub(crate) mod io;
 mod rx;
+pub(crate) mod transport;
 mod tx;
 
-use std::net::TcpStream;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::Instant;
@@ -25,6 +25,7 @@ use braid_proto::error::CompletionKind;
 
 pub(crate) use event_loop::{Command, Engine, EngineShared};
 use rx::RxCore;
+use transport::Transport;
 use tx::TxState;
 
 /// An application thread that polled this recently is taken to be polling still.
@@ -36,12 +37,12 @@ pub(crate) fn clock_ns() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
 }
 
-/// One rail's socket and transmit state. The socket is replaced when a failed rail is
-/// re-established.
+/// One rail's link (see [`transport`]) with its transmit and receive state. The link is
+/// replaced when a failed rail is re-established.
 pub(crate) struct RailIo {
-    /// Descriptor of the current socket (read by the engine without taking the lock).
+    /// The current link's readiness descriptor (read by the engine without taking a lock).
     fd: AtomicI32,
-    /// Frames already taken from the session wait in `tx` for the socket to take them. The
+    /// Frames already taken from the session wait in `tx` for the link to take them. The
     /// session then may have nothing for this rail (all handed out, or its window full),
     /// so the writable edge must resume the rail on this flag alone.
     tx_blocked: AtomicBool,
@@ -53,13 +54,13 @@ pub(crate) struct RailIo {
 }
 
 impl RailIo {
-    pub(crate) fn new(stream: TcpStream) -> RailIo {
+    pub(crate) fn new(link: Arc<dyn Transport>) -> RailIo {
         RailIo {
-            fd: AtomicI32::new(stream.as_raw_fd()),
+            fd: AtomicI32::new(link.readiness_fd()),
             tx_blocked: AtomicBool::new(false),
             muted: AtomicBool::new(false),
-            tx: Mutex::new(TxState::new(stream)),
-            rx: Mutex::new(RxCore::new()),
+            rx: Mutex::new(RxCore::new(link.clone())),
+            tx: Mutex::new(TxState::new(link)),
         }
     }
 
@@ -67,20 +68,28 @@ impl RailIo {
         self.fd.load(Ordering::Acquire)
     }
 
-    /// Shuts the current socket down (both directions).
+    /// Ends the current link (both directions).
     pub(crate) fn shutdown(&self) {
-        let _ = self.tx.lock().stream.shutdown(std::net::Shutdown::Both);
+        self.tx.lock().link.shutdown();
     }
 
-    /// Puts a new connection in place of the old one (which is closed).
-    fn replace(&self, stream: TcpStream) {
+    /// The current link.
+    fn link(&self) -> Arc<dyn Transport> {
+        self.tx.lock().link.clone()
+    }
+
+    /// Puts a new link in place of the old one (which is closed when its last user lets
+    /// go), with fresh transmit and receive state.
+    fn replace(&self, link: Arc<dyn Transport>) {
         let mut tx = self.tx.lock();
-        self.fd.store(stream.as_raw_fd(), Ordering::Release);
-        tx.stream = stream;
+        self.fd.store(link.readiness_fd(), Ordering::Release);
+        tx.link = link.clone();
         tx.batch.clear();
         tx.off = 0;
         tx.solo = false;
         self.tx_blocked.store(false, Ordering::Release);
+        drop(tx);
+        *self.rx.lock() = RxCore::new(link);
     }
 }
 

@@ -3,14 +3,16 @@
 //! rail's receive lock (the engine thread, or an application thread polling a completion
 //! queue).
 
-use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::time::Instant;
 
 use braid_proto::mem::file::copy_maybe_fragile;
 use braid_proto::wire::{FrameHeader, HEADER_LEN};
 use braid_proto::{Placement, RxAction};
 
-use super::{EndpointShared, clock_ns, io};
+use super::io::Received;
+use super::transport::Transport;
+use super::{EndpointShared, clock_ns};
 
 /// Receive buffer for headers and small payloads; larger payloads bypass it.
 const RX_BUF: usize = 1024;
@@ -25,6 +27,8 @@ const LOWAT_MAX: usize = 512 << 10;
 /// Receive-side state of one rail. Whoever holds its lock (the engine thread, or an
 /// application thread polling a completion queue) reads the socket.
 pub(crate) struct RxCore {
+    /// The rail's current link.
+    link: Arc<dyn Transport>,
     buf: Box<[u8; RX_BUF]>,
     start: usize,
     end: usize,
@@ -39,8 +43,9 @@ pub(crate) struct RxCore {
 }
 
 impl RxCore {
-    pub(super) fn new() -> RxCore {
+    pub(super) fn new(link: Arc<dyn Transport>) -> RxCore {
         RxCore {
+            link,
             buf: Box::new([0u8; RX_BUF]),
             start: 0,
             end: 0,
@@ -89,7 +94,7 @@ impl RxRail<'_> {
 
     /// Reads and executes frames until the socket is empty, the rail stalls, or it fails.
     fn run(&mut self) -> RxStep {
-        let fd = self.ep.rails[self.rail].fd();
+        let link = self.c.link.clone();
         // Every call reads at least once: it was called because bytes may have arrived.
         self.c.drained = false;
         loop {
@@ -106,13 +111,13 @@ impl RxRail<'_> {
                             self.c.start = 0;
                         }
                         if self.c.drained {
-                            self.set_lowat(fd, 1);
+                            self.set_lowat(1);
                             self.ep.session.lock().on_rx_idle(self.rail);
                             return RxStep::Wait;
                         }
                         let want = if self.c.bulk { HEADER_LEN } else { RX_BUF };
                         let room = want.max(self.c.end + 1) - self.c.end;
-                        match io::recv_into(fd, &mut self.c.buf[self.c.end..self.c.end + room]) {
+                        match link.recv(&mut self.c.buf[self.c.end..self.c.end + room]) {
                             Ok(0) => return self.die("peer closed the connection"),
                             Ok(n) => {
                                 self.c.end += n;
@@ -120,7 +125,7 @@ impl RxRail<'_> {
                                 continue;
                             }
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                                self.set_lowat(fd, 1);
+                                self.set_lowat(1);
                                 self.ep.session.lock().on_rx_idle(self.rail);
                                 return RxStep::Wait;
                             }
@@ -147,7 +152,7 @@ impl RxRail<'_> {
                     // again, which answers EFAULT or EAGAIN (edge-triggered polling would not
                     // wake us for bytes already there).
                     if self.c.drained && !place.fragile {
-                        self.set_lowat(fd, (len - done).min(LOWAT_MAX));
+                        self.set_lowat((len - done).min(LOWAT_MAX));
                         self.c.state = RxState::Payload { place, len, done };
                         return RxStep::Wait;
                     }
@@ -167,15 +172,15 @@ impl RxRail<'_> {
                     };
                     let tail = (room > 0 && end + room <= RX_BUF)
                         .then(|| (self.c.buf[end..end + room].as_mut_ptr(), room));
-                    match io::recv_pieces(fd, &place.iov, done, tail) {
-                        Ok(io::Received { got: 0, asked }) => {
+                    match link.recv_pieces(&place.iov, done, tail) {
+                        Ok(Received { got: 0, asked }) => {
                             return self.die(if asked > 0 {
                                 "peer closed the connection"
                             } else {
                                 "placement shorter than the payload"
                             });
                         }
-                        Ok(io::Received { got: n, asked }) if done + n >= len => {
+                        Ok(Received { got: n, asked }) if done + n >= len => {
                             self.c.end += done + n - len;
                             // Only a read that got less than it asked for says the socket is
                             // empty. Without a header's room behind the payload (a small one,
@@ -184,7 +189,7 @@ impl RxRail<'_> {
                             self.c.drained = n < asked;
                             self.payload_done(len);
                         }
-                        Ok(io::Received { got: n, asked }) => {
+                        Ok(Received { got: n, asked }) => {
                             self.c.drained = n < asked;
                             if !self.c.drained {
                                 // The pieces needed more than one call: go on reading.
@@ -198,7 +203,7 @@ impl RxRail<'_> {
                             // A short read means the socket is empty for now. Wake up again
                             // when much more of the payload is there: a receiver woken per
                             // segment spent 1.5x a TCP receiver's CPU per GB.
-                            self.set_lowat(fd, (len - done - n).min(LOWAT_MAX));
+                            self.set_lowat((len - done - n).min(LOWAT_MAX));
                             // The rail is alive; telling the session costs a lock, so at most
                             // every 10 ms (its silence timeout is seconds).
                             let now = clock_ns();
@@ -216,7 +221,7 @@ impl RxRail<'_> {
                             }
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            self.set_lowat(fd, (len - done).min(LOWAT_MAX));
+                            self.set_lowat((len - done).min(LOWAT_MAX));
                             self.c.state = RxState::Payload { place, len, done };
                             return RxStep::Wait;
                         }
@@ -232,12 +237,12 @@ impl RxRail<'_> {
                 RxState::Discard { left } => {
                     let mut scratch = [0u8; 16 << 10];
                     let n = left.min(scratch.len());
-                    match io::recv_into(fd, &mut scratch[..n]) {
+                    match link.recv(&mut scratch[..n]) {
                         Ok(0) => return self.die("peer closed the connection"),
                         Ok(n) if n >= left => self.payload_done(0),
                         Ok(n) => self.c.state = RxState::Discard { left: left - n },
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            self.set_lowat(fd, 1);
+                            self.set_lowat(1);
                             self.c.state = RxState::Discard { left };
                             return RxStep::Wait;
                         }
@@ -333,9 +338,9 @@ impl RxRail<'_> {
     /// the peer always sends whole frames, so those bytes come (or the connection ends, which
     /// is reported whatever the mark). Between frames it stays raised while bytes keep
     /// coming: one system call less per chunk on a busy rail.
-    fn set_lowat(&mut self, fd: RawFd, bytes: usize) {
+    fn set_lowat(&mut self, bytes: usize) {
         let bytes = bytes.max(1);
-        if bytes != self.c.lowat && io::set_rcvlowat(fd, bytes).is_ok() {
+        if bytes != self.c.lowat && self.c.link.set_wake_threshold(bytes).is_ok() {
             self.c.lowat = bytes;
         }
     }

@@ -3,15 +3,15 @@
 //! lock (the engine, or an application thread on the inline fast path).
 
 use std::collections::VecDeque;
-use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use braid_proto::Transmit;
 use braid_proto::wire::HEADER_LEN;
 
-use super::{EndpointShared, io};
+use super::EndpointShared;
+use super::transport::Transport;
 
 /// Most frames, and bytes, gathered into one send system call.
 const BATCH_FRAMES: usize = 16;
@@ -19,7 +19,8 @@ const BATCH_BYTES: usize = 256 << 10;
 
 /// One rail's transmit state, behind [`super::RailIo`]'s transmit lock.
 pub(super) struct TxState {
-    pub(super) stream: TcpStream,
+    /// The rail's current link.
+    pub(super) link: Arc<dyn Transport>,
     /// Frames being written, in order; `off` bytes of the first are already sent.
     pub(super) batch: VecDeque<Transmit>,
     pub(super) off: usize,
@@ -29,9 +30,9 @@ pub(super) struct TxState {
 }
 
 impl TxState {
-    pub(super) fn new(stream: TcpStream) -> TxState {
+    pub(super) fn new(link: Arc<dyn Transport>) -> TxState {
         TxState {
-            stream,
+            link,
             batch: VecDeque::new(),
             off: 0,
             solo: false,
@@ -65,7 +66,7 @@ fn zero_pieces(len: usize) -> Vec<(*const u8, usize)> {
 pub(super) enum Flush {
     /// Nothing left to send.
     Idle,
-    /// The socket is full; the writable edge will resume.
+    /// The link is full; the writable edge will resume.
     Blocked,
 }
 
@@ -112,7 +113,7 @@ impl EndpointShared {
                 pieces.push((t.header.as_ptr(), HEADER_LEN));
                 pieces.extend_from_slice(&t.payload);
             }
-            match io::send_pieces(tx.stream.as_raw_fd(), &pieces, tx.off) {
+            match tx.link.send(&pieces, tx.off) {
                 Ok(n) => {
                     tx.off += n;
                     if tx.solo && tx.batch.front().is_some_and(|t| t.len() <= tx.off) {

@@ -1,0 +1,103 @@
+//! The transport seam: what the engine needs of a rail's connection, so that a rail need
+//! not be a TCP socket. TCP ([`Tcp`]) is the implementation today; a same-host
+//! shared-memory ring or a raw-Ethernet link would be others, under the same protocol core
+//! (as UCX keeps its transports, UCT, under its protocols, UCP).
+//!
+//! A transport is a reliable, ordered byte stream: the session's frames go in whole and come
+//! out in order, or the link reports an error. Receives place bytes straight into the
+//! pieces they are given (registered memory), so a transport that copies must copy once.
+
+use std::io;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+use super::io::{Received, recv_into, recv_pieces, send_pieces, set_rcvlowat, tcp_info};
+
+/// What a transport can tell of its link: capacity and liveness, sampled by the engine's
+/// periodic tick.
+pub(crate) struct LinkSample {
+    /// Most recent delivery rate, bytes per second; `None` when not measured yet.
+    pub(crate) delivery_rate: Option<f64>,
+    /// Time since data last arrived on the link, whether or not it has been read.
+    pub(crate) since_data_recv: Duration,
+}
+
+/// One rail's connection as the engine drives it. Every call is non-blocking.
+pub(crate) trait Transport: Send + Sync {
+    /// The descriptor the engine polls: readable when bytes (or an error) wait, writable
+    /// when [`Transport::send`] can take more. Edge-triggered; stable for the link's life.
+    fn readiness_fd(&self) -> RawFd;
+    /// Sends from `pieces` starting `skip` bytes in; returns the bytes taken.
+    /// `WouldBlock` when the link is full; `EFAULT` when a piece's file page was truncated.
+    fn send(&self, pieces: &[(*const u8, usize)], skip: usize) -> io::Result<usize>;
+    /// Receives into `pieces` starting `skip` bytes in, then into `tail`.
+    fn recv_pieces(
+        &self,
+        pieces: &[(*mut u8, usize)],
+        skip: usize,
+        tail: Option<(*mut u8, usize)>,
+    ) -> io::Result<Received>;
+    /// Receives into `buf`; 0 when the peer closed the link. `WouldBlock` when empty.
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Reports readability only once `bytes` are waiting (or on end or error): the receive
+    /// loop asks for no more than the current frame still has to deliver.
+    fn set_wake_threshold(&self, bytes: usize) -> io::Result<()>;
+    /// Capacity and liveness of the link, if the transport knows them.
+    fn sample(&self) -> Option<LinkSample>;
+    /// Ends the link in both directions, as a pulled cable would.
+    fn shutdown(&self);
+}
+
+/// A rail over a TCP connection (one per NIC).
+pub(crate) struct Tcp {
+    stream: TcpStream,
+}
+
+impl Tcp {
+    /// Takes a connected stream whose handshake is done; makes it non-blocking, without
+    /// Nagle's delay.
+    pub(crate) fn new(stream: TcpStream) -> io::Result<Tcp> {
+        stream.set_nonblocking(true)?;
+        stream.set_nodelay(true)?;
+        Ok(Tcp { stream })
+    }
+}
+
+impl Transport for Tcp {
+    fn readiness_fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    fn send(&self, pieces: &[(*const u8, usize)], skip: usize) -> io::Result<usize> {
+        send_pieces(self.stream.as_raw_fd(), pieces, skip)
+    }
+
+    fn recv_pieces(
+        &self,
+        pieces: &[(*mut u8, usize)],
+        skip: usize,
+        tail: Option<(*mut u8, usize)>,
+    ) -> io::Result<Received> {
+        recv_pieces(self.stream.as_raw_fd(), pieces, skip, tail)
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        recv_into(self.stream.as_raw_fd(), buf)
+    }
+
+    fn set_wake_threshold(&self, bytes: usize) -> io::Result<()> {
+        set_rcvlowat(self.stream.as_raw_fd(), bytes)
+    }
+
+    fn sample(&self) -> Option<LinkSample> {
+        tcp_info(self.stream.as_raw_fd()).map(|t| LinkSample {
+            delivery_rate: t.delivery_rate,
+            since_data_recv: t.since_data_recv,
+        })
+    }
+
+    fn shutdown(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
