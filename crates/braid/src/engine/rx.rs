@@ -94,7 +94,6 @@ impl RxRail<'_> {
 
     /// Reads and executes frames until the socket is empty, the rail stalls, or it fails.
     fn run(&mut self) -> RxStep {
-        let link = self.c.link.clone();
         // Every call reads at least once: it was called because bytes may have arrived.
         self.c.drained = false;
         loop {
@@ -117,7 +116,11 @@ impl RxRail<'_> {
                         }
                         let want = if self.c.bulk { HEADER_LEN } else { RX_BUF };
                         let room = want.max(self.c.end + 1) - self.c.end;
-                        match link.recv(&mut self.c.buf[self.c.end..self.c.end + room]) {
+                        match self
+                            .c
+                            .link
+                            .recv(&mut self.c.buf[self.c.end..self.c.end + room])
+                        {
                             Ok(0) => return self.die("peer closed the connection"),
                             Ok(n) => {
                                 self.c.end += n;
@@ -172,7 +175,7 @@ impl RxRail<'_> {
                     };
                     let tail = (room > 0 && end + room <= RX_BUF)
                         .then(|| (self.c.buf[end..end + room].as_mut_ptr(), room));
-                    match link.recv_pieces(&place.iov, done, tail) {
+                    match self.c.link.recv_pieces(&place.iov, done, tail) {
                         Ok(Received { got: 0, asked }) => {
                             return self.die(if asked > 0 {
                                 "peer closed the connection"
@@ -237,7 +240,7 @@ impl RxRail<'_> {
                 RxState::Discard { left } => {
                     let mut scratch = [0u8; 16 << 10];
                     let n = left.min(scratch.len());
-                    match link.recv(&mut scratch[..n]) {
+                    match self.c.link.recv(&mut scratch[..n]) {
                         Ok(0) => return self.die("peer closed the connection"),
                         Ok(n) if n >= left => self.payload_done(0),
                         Ok(n) => self.c.state = RxState::Discard { left: left - n },
