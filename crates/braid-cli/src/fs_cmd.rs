@@ -11,10 +11,10 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Subcommand};
 
-use braid_cli::parse::{self, RailSpec};
 use braid_fs::client::{Client, ClientConfig};
 use braid_fs::mount::{MountConfig, mount};
 use braid_fs::server::{Server, ServerConfig};
+use braid_testbed::parse::{self, RailSpec};
 
 /// The file service's subcommands.
 #[derive(Subcommand, Debug)]

@@ -1,13 +1,6 @@
-//! Library side of the `braid` command: the emulated multi-NIC testbed, the plain TCP and
-//! trunking baselines, the demo and its table and chart. The binary (`src/main.rs`) is a thin
-//! clap front end over these modules; tests use them directly.
+//! Library side of the `braid` command: `braid run`, the launcher of braid-boot jobs
+//! ([`run`]). The benchmarks, baselines, demo and soak runs are in the `braid-bench` crate,
+//! the emulated cluster in `braid-testbed`; the binary (`src/main.rs`) is a thin clap front
+//! end over them.
 
-pub mod baseline;
-pub mod chart;
-pub mod demo;
-pub mod fsbench;
-pub mod parse;
-pub mod report;
 pub mod run;
-pub mod soak;
-pub mod testbed;

@@ -7,17 +7,16 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use braid_cli::baseline::{self, ClientOpts, Mode, ServerOpts};
-use braid_cli::parse::{self, RailSpec, Rate};
-use braid_cli::testbed::{Testbed, TestbedSpec};
-use braid_cli::{demo, parse::parse_rate};
+use braid_bench::baseline::{self, ClientOpts, Mode, ServerOpts};
+use braid_bench::{bench, demo};
+use braid_testbed::parse::{self, RailSpec, Rate, parse_rate};
+use braid_testbed::testbed::{Testbed, TestbedSpec};
 
-// perftest-style benchmarks (src/bench/). The demo runs, as subprocesses:
+// perftest-style benchmarks (braid-bench's bench module). The demo runs, as subprocesses:
 //   <exe> bench server --listen A:P[,A:P...]          (in host 1; listens, serves one run, exits)
 //   <exe> bench write --rails L=A:P[,...] -s SIZE -D SECS --json FILE   (in host 0)
 // FILE: {"results":[...]} with size, iterations, bw_mb_s, msg_rate, client_cpu_s_per_gb,
 // server_cpu_s_per_gb (and more).
-mod bench;
 mod fs_cmd;
 
 /// braid: RMA striped over several Ethernet NICs — testbed, baselines, benchmarks, demo.
@@ -57,13 +56,13 @@ enum Cmd {
     },
     /// Reliability soak on a testbed it makes itself: a random verified operation mix under a
     /// link flap; or --failover-transfer (goodput before/after a rail's loss); or --kill-peer.
-    Soak(braid_cli::soak::SoakArgs),
+    Soak(braid_bench::soak::SoakArgs),
     /// Launch N ranks of a program (like torchrun): on loopback, or spread over the hosts of
     /// a standing testbed, with BRAID_RANK/SIZE/ROOT/JOB set; output prefixed by `[rank] `.
     Run(RunArgs),
     /// Internal: the target process of `braid soak --kill-peer`.
     #[command(hide = true)]
-    SoakPeer(braid_cli::soak::PeerArgs),
+    SoakPeer(braid_bench::soak::PeerArgs),
 }
 
 #[derive(Args, Debug)]
@@ -125,10 +124,10 @@ enum FsCmd {
     Service(fs_cmd::FsCmd),
     /// Sequential and random reads, writes with fsync and a metadata loop through the braid
     /// mount, the braid client library and sshfs on a testbed of its own; JSON with ratios.
-    Bench(braid_cli::fsbench::FsBenchArgs),
+    Bench(braid_bench::fsbench::FsBenchArgs),
     /// The external POSIX suite (pjdfstest) on a braid mount over a testbed, beside the same
     /// suite on a bindfs passthrough; exits 1 on a failure neither explains nor the docs list.
-    PosixSuite(braid_cli::fsbench::posix::PosixArgs),
+    PosixSuite(braid_bench::fsbench::posix::PosixArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -363,7 +362,7 @@ fn testbed_cmd(cmd: TestbedCmd) -> Result<()> {
             shape,
             unshaped,
         } => {
-            braid_cli::testbed::probe()?;
+            braid_testbed::testbed::probe()?;
             let spec = TestbedSpec {
                 name,
                 hosts,
@@ -425,17 +424,17 @@ fn real_main() -> Result<()> {
         } => fs_cmd::run(c),
         Cmd::Fs {
             cmd: FsCmd::Bench(a),
-        } => braid_cli::fsbench::run(&a).map(|_| ()),
+        } => braid_bench::fsbench::run(&a).map(|_| ()),
         Cmd::Fs {
             cmd: FsCmd::PosixSuite(a),
         } => {
-            if !braid_cli::fsbench::posix::run(&a)?.ok() {
+            if !braid_bench::fsbench::posix::run(&a)?.ok() {
                 std::process::exit(1);
             }
             Ok(())
         }
-        Cmd::Soak(a) => braid_cli::soak::main(&a),
-        Cmd::SoakPeer(a) => braid_cli::soak::peer_main(&a),
+        Cmd::Soak(a) => braid_bench::soak::main(&a),
+        Cmd::SoakPeer(a) => braid_bench::soak::peer_main(&a),
         Cmd::Run(a) => {
             let opts = braid_cli::run::RunOpts {
                 ranks: a.ranks,

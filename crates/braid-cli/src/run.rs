@@ -10,7 +10,6 @@
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -19,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use rustix::process::{Pid, Signal, kill_process_group};
 
-use crate::testbed::{Testbed, spawn_in_netns};
+use braid_testbed::testbed::{Testbed, confine_child, spawn_in_netns};
 
 /// Variables of other launchers that `braid_boot` would read before `BRAID_RANK`: removed
 /// from the ranks' environment so an outer launcher cannot override `braid run`'s ranks.
@@ -234,7 +233,6 @@ pub fn run(opts: &RunOpts) -> Result<i32> {
 
     let mut ranks: Vec<Rank> = Vec::with_capacity(opts.ranks);
     let mut outputs = 0usize;
-    let parent = std::process::id() as i32;
     for (i, p) in places.iter().enumerate() {
         let mut cmd = Command::new(&opts.program[0]);
         cmd.args(&opts.program[1..])
@@ -248,33 +246,8 @@ pub fn run(opts: &RunOpts) -> Result<i32> {
         for (k, v) in &p.env {
             cmd.env(k, v);
         }
-        let ns_file = match &p.netns {
-            Some(ns) => {
-                let path = format!("/run/netns/{ns}");
-                Some(std::fs::File::open(&path).with_context(|| format!("opening {path}"))?)
-            }
-            None => None,
-        };
-        let ns_fd = ns_file.as_ref().map(|f| f.as_raw_fd());
-        // SAFETY: the closure runs in the forked child before exec and calls only
-        // async-signal-safe system calls (prctl, getppid, setns).
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
-                    || libc::getppid() != parent
-                {
-                    return Err(std::io::Error::other("braid run is gone"));
-                }
-                if let Some(fd) = ns_fd
-                    && libc::setns(fd, libc::CLONE_NEWNET) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        confine_child(&mut cmd, p.netns.as_deref())?;
         let spawned = cmd.spawn();
-        drop(ns_file);
         let mut child = match spawned {
             Ok(c) => c,
             Err(e) => {

@@ -274,7 +274,7 @@ fn demo_argv_and_json_contract() {
     let run = bench(2, &["write", "-s", "4194304", "-D", "0.5"]);
     let rs = results(&run);
     check_bw_row(&rs[0], 4_194_304);
-    let m = braid_cli::demo::parse_measurement(
+    let m = braid_bench::demo::parse_measurement(
         &serde_json::to_string(run.json.as_ref().unwrap()).unwrap(),
         4_194_304,
     )

@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use braid_cli::fsbench::{posix, sshfs};
-use braid_cli::testbed;
+use braid_bench::fsbench::{posix, sshfs};
+use braid_testbed::testbed;
 
 fn required() -> bool {
     std::env::var("BRAID_REQUIRE_POSIX_SUITE").is_ok_and(|v| v == "1")

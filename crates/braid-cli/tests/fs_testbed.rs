@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use braid_cli::parse::Rate;
-use braid_cli::testbed::{self, Testbed, TestbedSpec};
+use braid_testbed::parse::Rate;
+use braid_testbed::testbed::{self, Testbed, TestbedSpec};
 
 const EXE: &str = env!("CARGO_BIN_EXE_braid");
 const RAILS: usize = 4;

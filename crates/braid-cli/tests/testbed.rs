@@ -6,8 +6,8 @@ use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use braid_cli::parse::Rate;
-use braid_cli::testbed::{self, Testbed, TestbedSpec};
+use braid_testbed::parse::Rate;
+use braid_testbed::testbed::{self, Testbed, TestbedSpec};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 const PORT: u16 = 18600;

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use braid_cli::parse::Rate;
-use braid_cli::testbed::{self, Testbed, TestbedSpec};
+use braid_testbed::parse::Rate;
+use braid_testbed::testbed::{self, Testbed, TestbedSpec};
 
 const EXE: &str = env!("CARGO_BIN_EXE_braid");
 const LIMIT: Duration = Duration::from_secs(60);

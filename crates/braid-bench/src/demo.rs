@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
-use crate::parse::{RailSpec, Rate, format_addrs, format_rails};
 use crate::report::{Report, Row};
-use crate::testbed::{self, Testbed, TestbedSpec, framing_limit_mb_s};
+use braid_testbed::parse::{RailSpec, Rate, format_addrs, format_rails};
+use braid_testbed::testbed::{self, Testbed, TestbedSpec, framing_limit_mb_s};
 
 /// Options of `braid demo`.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ use braid_fs::client::{Client, ClientConfig, File};
 use super::braidfs::FS_PORT;
 use super::procs;
 use super::workload::{BLOCK, META_PHASES, Measured, Phases, Rng, block_ok, percentile};
-use crate::testbed::Testbed;
+use braid_testbed::testbed::Testbed;
 
 /// Resident pages from the start, as a verbs registration pins them.
 const POPULATED: RegionOptions = RegionOptions {

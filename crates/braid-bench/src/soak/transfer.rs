@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use braid::{Access, CompletionQueue, EndpointOptions, Status};
 use serde::{Deserialize, Serialize};
 
-use crate::testbed::{self, TestbedSpec};
+use braid_testbed::testbed::{self, TestbedSpec};
 
 use super::net::{Net, connect_pair, contexts, join, session_config};
 use super::util::{fill, first_diff, secs};

@@ -37,8 +37,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use crate::parse::{self, Rate};
-use crate::testbed::{self, Testbed, TestbedSpec};
+use braid_testbed::parse::{self, Rate};
+use braid_testbed::testbed::{self, Testbed, TestbedSpec};
 use mounts::TempDir;
 use procs::Side;
 use rows::{Goal, Row};

@@ -30,7 +30,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
     let listener = ctx.listen(&addrs).with_context(|| {
         format!(
             "listening on {}",
-            braid_cli::parse::format_addrs(&args.listen)
+            braid_testbed::parse::format_addrs(&args.listen)
         )
     })?;
     let tcp = TcpListener::bind(SocketAddrV4::new(*args.listen[0].ip(), 0))

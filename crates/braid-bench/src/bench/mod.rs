@@ -39,7 +39,7 @@ use braid::{
 use clap::{Args, Subcommand};
 use serde::{Deserialize, Serialize};
 
-use braid_cli::parse::{self, RailSpec};
+use braid_testbed::parse::{self, RailSpec};
 
 mod client;
 mod output;
@@ -97,7 +97,7 @@ pub enum BenchCmd {
 /// Server options.
 #[derive(Args, Debug, Clone)]
 pub struct ServerArgs {
-    /// Addresses to listen on, IP[:PORT] (default port 18515), one per rail.
+    /// Addresses to listen on, `IP[:PORT]` (default port 18515), one per rail.
     #[arg(long, value_parser = parse::parse_addrs)]
     pub listen: std::vec::Vec<SocketAddrV4>,
     /// Serve exactly one client run and exit (the default).
@@ -476,9 +476,9 @@ pub fn region_matches(
 }
 
 /// Operations in flight of a bandwidth test of `size`-byte operations when `-q` is not
-/// given: the demo's ([`braid_cli::demo::rma_depth`], at least 16 MiB in flight).
+/// given: the demo's ([`crate::demo::rma_depth`], at least 16 MiB in flight).
 pub fn default_depth(size: usize) -> usize {
-    braid_cli::demo::rma_depth(size)
+    crate::demo::rma_depth(size)
 }
 
 /// Number of message-size slots of a bandwidth test's buffers.
@@ -509,6 +509,11 @@ impl RecvPool {
     /// Receives posted and not completed.
     pub fn len(&self) -> usize {
         self.posted.len()
+    }
+
+    /// True when no receive is outstanding.
+    pub fn is_empty(&self) -> bool {
+        self.posted.is_empty()
     }
 }
 
@@ -600,7 +605,7 @@ impl Peer {
 
     /// Posts a control receive unless one is already posted.
     pub fn ensure_recv(&mut self) -> Result<()> {
-        if self.pool.len() == 0 {
+        if self.pool.is_empty() {
             self.post_ctrl_recv()?;
         }
         Ok(())
@@ -790,5 +795,5 @@ impl Progress {
 
 /// CPU seconds of this process (user + system).
 pub fn cpu_seconds() -> f64 {
-    braid_cli::baseline::cpu_seconds()
+    crate::baseline::cpu_seconds()
 }

@@ -507,7 +507,7 @@ pub struct PosixArgs {
 /// Runs the suite on the passthrough and on the system under test and compares them; the
 /// report is printed. The caller decides what an unexplained failure means (the CLI exits 1).
 pub fn run(args: &PosixArgs) -> Result<Verdict> {
-    use crate::testbed::{self, Testbed, TestbedSpec};
+    use braid_testbed::testbed::{self, Testbed, TestbedSpec};
     let pjd = match &args.pjdfstest {
         Some(p) => p.clone(),
         None => find_pjdfstest().with_context(|| {

@@ -9,7 +9,7 @@ use anyhow::Result;
 use super::braidfs::{self, BraidMount, BraidServer};
 use super::procs::Side;
 use super::sshfs::{SshServer, SshfsMount};
-use crate::testbed::Testbed;
+use braid_testbed::testbed::Testbed;
 
 /// Private port of the sshd (inside the server's namespace).
 pub const SSHD_PORT: u16 = 2222;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::parse::RailSpec;
+use braid_testbed::parse::RailSpec;
 
 use super::wire::{FragHeader, Hello, Mode};
 use super::{BaselineResult, ClientOpts, IO_TIMEOUT, ServerReport, cpu_seconds, fill_pattern};

@@ -543,6 +543,44 @@ impl Drop for Testbed {
     }
 }
 
+/// Prepares `cmd` so that its child enters the named network namespace (`None`: it stays in
+/// the caller's) and is killed when the process that spawns it dies: a launcher's children
+/// never outlive it. The namespace is opened now; the descriptor lives as long as `cmd`.
+pub fn confine_child(cmd: &mut Command, netns: Option<&str>) -> Result<()> {
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    let ns: Option<OwnedFd> = match netns {
+        Some(ns) => {
+            let path = format!("/run/netns/{ns}");
+            Some(
+                fs::File::open(&path)
+                    .with_context(|| format!("opening {path}"))?
+                    .into(),
+            )
+        }
+        None => None,
+    };
+    let parent = rustix::process::getpid();
+    // SAFETY: the closure runs in the forked child before exec and makes only
+    // async-signal-safe system calls (prctl, getppid, setns), allocating nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            if rustix::process::getppid() != Some(parent) {
+                return Err(std::io::Error::other("the launcher is gone"));
+            }
+            if let Some(fd) = &ns {
+                rustix::thread::move_into_link_name_space(
+                    fd.as_fd(),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )?;
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
 /// Runs `f` on a new thread inside the named network namespace (see [`Testbed::spawn_in`]).
 pub fn spawn_in_netns<T, F>(ns: &str, f: F) -> Result<std::thread::JoinHandle<Result<T>>>
 where

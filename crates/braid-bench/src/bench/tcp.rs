@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
-use braid_cli::parse::RailSpec;
+use braid_testbed::parse::RailSpec;
 
 use super::{Op, fill_pattern};
 

@@ -1,7 +1,7 @@
 //! `braid soak`: the reliability checks of braid on the emulated cluster.
 //!
 //! Three modes, each on a testbed the command makes itself (a unique name, torn down on every
-//! exit path by the [`Testbed`](crate::testbed::Testbed) guard) or, where network namespaces cannot be made (or with
+//! exit path by the [`Testbed`](braid_testbed::testbed::Testbed) guard) or, where network namespaces cannot be made (or with
 //! `--loopback`), on unshaped loopback rails 127.0.0.1..N:
 //!
 //! * **soak** (default): `--threads` threads post a random mix of `write`, `read`,
@@ -25,7 +25,7 @@
 //!   `peer_timeout` + 1 s of the signal.
 //!
 //! Threads that use braid run inside the namespace of their host (created with
-//! [`Testbed::spawn_in`](crate::testbed::Testbed::spawn_in)). A failed rail is re-dialled from the namespace its endpoint was
+//! [`Testbed::spawn_in`](braid_testbed::testbed::Testbed::spawn_in)). A failed rail is re-dialled from the namespace its endpoint was
 //! connected in, whichever thread (of whichever namespace) noticed the failure.
 
 use std::net::SocketAddr;
@@ -37,7 +37,7 @@ use braid::RegionOptions;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use crate::parse::{self, Rate};
+use braid_testbed::parse::{self, Rate};
 
 /// Size of each server receive buffer; sends are at most this long.
 const RECV_LEN: usize = 64 << 10;

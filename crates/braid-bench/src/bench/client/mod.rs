@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use braid::{Context, Error as BraidError, RailAddr, RemoteKey};
 
-use braid_cli::parse::RailSpec;
+use braid_testbed::parse::RailSpec;
 
 use super::output::{self, Row};
 use super::{

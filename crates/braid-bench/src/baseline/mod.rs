@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::parse::RailSpec;
+use braid_testbed::parse::RailSpec;
 
 /// Read/write timeout on every data connection.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);

@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow, bail};
 use braid::{Context, Endpoint, EndpointOptions, Listener, RailAddr, SessionConfig};
 
-use crate::parse::Rate;
-use crate::testbed::{self, Testbed, TestbedSpec};
+use braid_testbed::parse::Rate;
+use braid_testbed::testbed::{self, Testbed, TestbedSpec};
 
 use super::SETUP_TIMEOUT;
 
