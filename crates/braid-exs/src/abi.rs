@@ -151,6 +151,35 @@ impl exs_event_t {
         // SAFETY: all-zero bytes are a valid value for every field (integers, pointers, unions).
         unsafe { std::mem::zeroed() }
     }
+
+    /// The transfer body of a SEND, RECV, SENDMSG, RECVMSG or SENDFILE event.
+    pub fn xfer(&self) -> Option<exs_evt_xfer_t> {
+        matches!(
+            self.ev_type,
+            EXS_EVT_SEND | EXS_EVT_RECV | EXS_EVT_SENDMSG | EXS_EVT_RECVMSG | EXS_EVT_SENDFILE
+        )
+        // SAFETY: events of these kinds carry the xfer body; every body field is plain
+        // data, and events start zeroed, so no byte read is uninitialised.
+        .then(|| unsafe { self.ev_u.xfer })
+    }
+
+    /// The body of an ACCEPT event.
+    pub fn accept(&self) -> Option<exs_evt_accept_t> {
+        if self.ev_type != EXS_EVT_ACCEPT {
+            return None;
+        }
+        // SAFETY: as for `xfer`: ACCEPT events carry the accept body.
+        Some(unsafe { self.ev_u.accept })
+    }
+
+    /// The body of a POLL event.
+    pub fn poll(&self) -> Option<exs_evt_poll_t> {
+        if self.ev_type != EXS_EVT_POLL {
+            return None;
+        }
+        // SAFETY: as for `xfer`: POLL events carry the poll body.
+        Some(unsafe { self.ev_u.poll })
+    }
 }
 
 /// An I/O vector with its own memory handle.

@@ -203,19 +203,19 @@ mod tests {
             (EXS_EVT_RECV, 12, 0)
         );
         assert_eq!(ev.ev_ahandle as usize, 77);
-        // SAFETY (test): a receive's event carries the xfer body.
-        let x = unsafe { ev.ev_u.xfer };
+        let x = ev.xfer().expect("a receive's event carries the xfer body");
         assert_eq!((x.xf_len, x.xf_iovcnt), (64, 1));
         let ev = event_of(&op, Err(libc::ECONNRESET));
         assert_eq!((ev.ev_result, ev.ev_errno), (-1, libc::ECONNRESET));
         let mut op = test_op(OpKind::Poll, 0);
+        op.front.ev_type = EXS_EVT_POLL;
         op.poll_events = libc::POLLIN;
         let ev = event_of(&op, Ok(libc::POLLIN as usize));
-        // SAFETY (test): a poll's event carries the poll body.
-        let p = unsafe { ev.ev_u.poll };
+        let p = ev.poll().expect("a poll's event carries the poll body");
         assert_eq!((p.po_events, p.po_revents), (libc::POLLIN, libc::POLLIN));
-        let ev = event_of(&test_op(OpKind::Accept, 0), Err(libc::EMFILE));
-        // SAFETY (test): an accept's event carries the accept body.
-        assert_eq!(unsafe { ev.ev_u.accept.ac_fd }, -1);
+        let mut op = test_op(OpKind::Accept, 0);
+        op.front.ev_type = EXS_EVT_ACCEPT;
+        let ev = event_of(&op, Err(libc::EMFILE));
+        assert_eq!(ev.accept().expect("an accept's body").ac_fd, -1);
     }
 }
