@@ -6,6 +6,8 @@
 
 use thiserror::Error;
 
+use super::layout::{get_array, get_u16, get_u32, get_u64, put};
+
 /// Protocol version carried in every frame header and in the rail handshake.
 pub const PROTOCOL_VERSION: u8 = 2;
 
@@ -201,14 +203,21 @@ pub enum FrameError {
     Descriptor(&'static str),
 }
 
-fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
-}
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+/// The header's layout: byte ranges of its fields, little-endian integers.
+mod field {
+    use std::ops::Range;
+    pub(super) const VERSION: Range<usize> = 0..1;
+    pub(super) const OPCODE: Range<usize> = 1..2;
+    pub(super) const FLAGS: Range<usize> = 2..4;
+    pub(super) const PAYLOAD_LEN: Range<usize> = 4..8;
+    pub(super) const SEQ: Range<usize> = 8..16;
+    pub(super) const RKEY: Range<usize> = 16..24;
+    pub(super) const ADDR: Range<usize> = 24..32;
+    pub(super) const ARG0: Range<usize> = 32..40;
+    pub(super) const ARG1: Range<usize> = 40..48;
+    pub(super) const AUX: Range<usize> = 48..52;
+    pub(super) const CRC: Range<usize> = 52..56;
+    pub(super) const RAIL_ACK: Range<usize> = 56..64;
 }
 
 impl FrameHeader {
@@ -235,26 +244,28 @@ impl FrameHeader {
             return Err(FrameError::Truncated(buf.len()));
         }
         let b = &buf[..HEADER_LEN];
-        if b[0] != PROTOCOL_VERSION {
-            return Err(FrameError::Version(b[0]));
+        let [version] = get_array(b, field::VERSION);
+        if version != PROTOCOL_VERSION {
+            return Err(FrameError::Version(version));
         }
-        let opcode = Opcode::from_u8(b[1]).ok_or(FrameError::Opcode(b[1]))?;
-        let flags = u16_at(b, 2);
+        let [op] = get_array(b, field::OPCODE);
+        let opcode = Opcode::from_u8(op).ok_or(FrameError::Opcode(op))?;
+        let flags = get_u16(b, field::FLAGS);
         if flags & !KNOWN_FLAGS != 0 || (flags & FLAG_RETX == 0 && flags & RETX_RAIL_MASK != 0) {
             return Err(FrameError::Flags(flags));
         }
         let h = FrameHeader {
             opcode,
             flags,
-            payload_len: u32_at(b, 4),
-            seq: u64_at(b, 8),
-            rkey: u64_at(b, 16),
-            addr: u64_at(b, 24),
-            arg0: u64_at(b, 32),
-            arg1: u64_at(b, 40),
-            aux: u32_at(b, 48),
-            crc: u32_at(b, 52),
-            rail_ack: u64_at(b, 56),
+            payload_len: get_u32(b, field::PAYLOAD_LEN),
+            seq: get_u64(b, field::SEQ),
+            rkey: get_u64(b, field::RKEY),
+            addr: get_u64(b, field::ADDR),
+            arg0: get_u64(b, field::ARG0),
+            arg1: get_u64(b, field::ARG1),
+            aux: get_u32(b, field::AUX),
+            crc: get_u32(b, field::CRC),
+            rail_ack: get_u64(b, field::RAIL_ACK),
         };
         h.validate()?;
         Ok(h)
@@ -303,18 +314,18 @@ impl FrameHeader {
     /// Encodes the header into its fixed wire form.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
-        b[0] = PROTOCOL_VERSION;
-        b[1] = self.opcode as u8;
-        b[2..4].copy_from_slice(&self.flags.to_le_bytes());
-        b[4..8].copy_from_slice(&self.payload_len.to_le_bytes());
-        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        b[16..24].copy_from_slice(&self.rkey.to_le_bytes());
-        b[24..32].copy_from_slice(&self.addr.to_le_bytes());
-        b[32..40].copy_from_slice(&self.arg0.to_le_bytes());
-        b[40..48].copy_from_slice(&self.arg1.to_le_bytes());
-        b[48..52].copy_from_slice(&self.aux.to_le_bytes());
-        b[52..56].copy_from_slice(&self.crc.to_le_bytes());
-        b[56..64].copy_from_slice(&self.rail_ack.to_le_bytes());
+        put(&mut b, field::VERSION, &[PROTOCOL_VERSION]);
+        put(&mut b, field::OPCODE, &[self.opcode as u8]);
+        put(&mut b, field::FLAGS, &self.flags.to_le_bytes());
+        put(&mut b, field::PAYLOAD_LEN, &self.payload_len.to_le_bytes());
+        put(&mut b, field::SEQ, &self.seq.to_le_bytes());
+        put(&mut b, field::RKEY, &self.rkey.to_le_bytes());
+        put(&mut b, field::ADDR, &self.addr.to_le_bytes());
+        put(&mut b, field::ARG0, &self.arg0.to_le_bytes());
+        put(&mut b, field::ARG1, &self.arg1.to_le_bytes());
+        put(&mut b, field::AUX, &self.aux.to_le_bytes());
+        put(&mut b, field::CRC, &self.crc.to_le_bytes());
+        put(&mut b, field::RAIL_ACK, &self.rail_ack.to_le_bytes());
         b
     }
 
@@ -354,6 +365,26 @@ impl WireStatus {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_fields_tile_the_header() {
+        use field::*;
+        let fields = [
+            VERSION,
+            OPCODE,
+            FLAGS,
+            PAYLOAD_LEN,
+            SEQ,
+            RKEY,
+            ADDR,
+            ARG0,
+            ARG1,
+            AUX,
+            CRC,
+            RAIL_ACK,
+        ];
+        assert!(super::super::layout::tiles(&fields, HEADER_LEN));
+    }
 
     fn sample() -> FrameHeader {
         FrameHeader {

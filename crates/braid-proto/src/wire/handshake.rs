@@ -7,6 +7,7 @@
 //! secret with an [`AuthProof`], and the final `Accepted` reply carries the accepting
 //! side's own proof (see [`auth_mac`]).
 
+use super::layout::{get_array, get_u16, get_u32, get_u64, put};
 use thiserror::Error;
 
 /// Magic that opens a [`Hello`].
@@ -214,77 +215,115 @@ pub enum HandshakeError {
     Reserved,
 }
 
-fn put_common(b: &mut [u8; HANDSHAKE_LEN], magic: [u8; 8], f: (u16, u16, u16, u16, u32, u32, u64)) {
-    b[0..8].copy_from_slice(&magic);
-    b[8..10].copy_from_slice(&f.0.to_le_bytes());
-    b[10..12].copy_from_slice(&f.1.to_le_bytes());
-    b[12..14].copy_from_slice(&f.2.to_le_bytes());
-    b[14..16].copy_from_slice(&f.3.to_le_bytes());
-    b[16..20].copy_from_slice(&f.4.to_le_bytes());
-    b[20..24].copy_from_slice(&f.5.to_le_bytes());
-    b[24..32].copy_from_slice(&f.6.to_le_bytes());
+/// The messages' layout: byte ranges of their fields, little-endian integers. A hello and
+/// its reply share the first 32 bytes ([`Common`]).
+mod field {
+    use std::ops::Range;
+    pub(super) const MAGIC: Range<usize> = 0..8;
+    pub(super) const VERSION: Range<usize> = 8..10;
+    pub(super) const RAIL_INDEX: Range<usize> = 10..12;
+    pub(super) const RAIL_COUNT: Range<usize> = 12..14;
+    /// Flags in a hello (none defined: sent as 0, ignored), the status in a reply.
+    pub(super) const FLAGS_OR_STATUS: Range<usize> = 14..16;
+    pub(super) const CAPABILITIES: Range<usize> = 16..20;
+    pub(super) const MAX_CHUNK: Range<usize> = 20..24;
+    pub(super) const SESSION_ID: Range<usize> = 24..32;
+    /// Hello: the nonce, then reserved zeros.
+    pub(super) const NONCE: Range<usize> = 32..48;
+    pub(super) const HELLO_RESERVED: Range<usize> = 48..64;
+    /// Reply: the accepting side's proof (or zeros).
+    pub(super) const AUTH: Range<usize> = 32..64;
+    /// Proof: reserved zeros after the magic, then the MAC.
+    pub(super) const PROOF_RESERVED: Range<usize> = 8..32;
+    pub(super) const MAC: Range<usize> = 32..64;
 }
 
-type Common = (u16, u16, u16, u16, u32, u32, u64);
+/// The first 32 bytes of a hello and of a reply.
+struct Common {
+    version: u16,
+    rail_index: u16,
+    rail_count: u16,
+    flags_or_status: u16,
+    capabilities: u32,
+    max_chunk: u32,
+    session_id: u64,
+}
 
-fn get_common(b: &[u8], magic: [u8; 8]) -> Result<Common, HandshakeError> {
+impl Common {
+    fn put(&self, b: &mut [u8; HANDSHAKE_LEN], magic: [u8; 8]) {
+        put(b, field::MAGIC, &magic);
+        put(b, field::VERSION, &self.version.to_le_bytes());
+        put(b, field::RAIL_INDEX, &self.rail_index.to_le_bytes());
+        put(b, field::RAIL_COUNT, &self.rail_count.to_le_bytes());
+        put(
+            b,
+            field::FLAGS_OR_STATUS,
+            &self.flags_or_status.to_le_bytes(),
+        );
+        put(b, field::CAPABILITIES, &self.capabilities.to_le_bytes());
+        put(b, field::MAX_CHUNK, &self.max_chunk.to_le_bytes());
+        put(b, field::SESSION_ID, &self.session_id.to_le_bytes());
+    }
+
+    fn get(b: &[u8], magic: [u8; 8]) -> Result<Common, HandshakeError> {
+        check_magic(b, magic)?;
+        Ok(Common {
+            version: get_u16(b, field::VERSION),
+            rail_index: get_u16(b, field::RAIL_INDEX),
+            rail_count: get_u16(b, field::RAIL_COUNT),
+            flags_or_status: get_u16(b, field::FLAGS_OR_STATUS),
+            capabilities: get_u32(b, field::CAPABILITIES),
+            max_chunk: get_u32(b, field::MAX_CHUNK),
+            session_id: get_u64(b, field::SESSION_ID),
+        })
+    }
+}
+
+/// A whole message that opens with `magic`.
+fn check_magic(b: &[u8], magic: [u8; 8]) -> Result<(), HandshakeError> {
     if b.len() < HANDSHAKE_LEN {
         return Err(HandshakeError::Truncated(b.len()));
     }
-    let m: [u8; 8] = b[0..8].try_into().expect("8 bytes");
+    let m: [u8; 8] = get_array(b, field::MAGIC);
     if m != magic {
         return Err(HandshakeError::BadMagic(m));
     }
-    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
-    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-    Ok((
-        u16_at(8),
-        u16_at(10),
-        u16_at(12),
-        u16_at(14),
-        u32_at(16),
-        u32_at(20),
-        u64::from_le_bytes(b[24..32].try_into().expect("8 bytes")),
-    ))
+    Ok(())
 }
 
 impl Hello {
     /// Encodes the hello.
     pub fn encode(&self) -> [u8; HANDSHAKE_LEN] {
         let mut b = [0u8; HANDSHAKE_LEN];
-        put_common(
-            &mut b,
-            HELLO_MAGIC,
-            (
-                self.version,
-                self.rail_index,
-                self.rail_count,
-                0,
-                self.capabilities,
-                self.max_chunk,
-                self.session_id,
-            ),
-        );
-        b[32..48].copy_from_slice(&self.nonce);
+        Common {
+            version: self.version,
+            rail_index: self.rail_index,
+            rail_count: self.rail_count,
+            flags_or_status: 0,
+            capabilities: self.capabilities,
+            max_chunk: self.max_chunk,
+            session_id: self.session_id,
+        }
+        .put(&mut b, HELLO_MAGIC);
+        put(&mut b, field::NONCE, &self.nonce);
         b
     }
 
     /// Decodes a hello. The version is not checked here: the caller answers a foreign
     /// version with [`HandshakeStatus::VersionUnsupported`].
     pub fn decode(b: &[u8]) -> Result<Hello, HandshakeError> {
-        let (version, rail_index, rail_count, _flags, capabilities, max_chunk, session_id) =
-            get_common(b, HELLO_MAGIC)?;
-        if b[48..64].iter().any(|&x| x != 0) {
+        let c = Common::get(b, HELLO_MAGIC)?;
+        if b[field::HELLO_RESERVED].iter().any(|&x| x != 0) {
             return Err(HandshakeError::Reserved);
         }
         Ok(Hello {
-            nonce: b[32..48].try_into().expect("16 bytes"),
-            version,
-            rail_index,
-            rail_count,
-            capabilities,
-            max_chunk,
-            session_id,
+            nonce: get_array(b, field::NONCE),
+            version: c.version,
+            rail_index: c.rail_index,
+            rail_count: c.rail_count,
+            capabilities: c.capabilities,
+            max_chunk: c.max_chunk,
+            session_id: c.session_id,
         })
     }
 }
@@ -293,37 +332,34 @@ impl HelloReply {
     /// Encodes the reply.
     pub fn encode(&self) -> [u8; HANDSHAKE_LEN] {
         let mut b = [0u8; HANDSHAKE_LEN];
-        put_common(
-            &mut b,
-            REPLY_MAGIC,
-            (
-                self.version,
-                self.rail_index,
-                self.rail_count,
-                self.status as u16,
-                self.capabilities,
-                self.max_chunk,
-                self.session_id,
-            ),
-        );
-        b[32..64].copy_from_slice(&self.auth);
+        Common {
+            version: self.version,
+            rail_index: self.rail_index,
+            rail_count: self.rail_count,
+            flags_or_status: self.status as u16,
+            capabilities: self.capabilities,
+            max_chunk: self.max_chunk,
+            session_id: self.session_id,
+        }
+        .put(&mut b, REPLY_MAGIC);
+        put(&mut b, field::AUTH, &self.auth);
         b
     }
 
     /// Decodes a reply.
     pub fn decode(b: &[u8]) -> Result<HelloReply, HandshakeError> {
-        let (version, rail_index, rail_count, status, capabilities, max_chunk, session_id) =
-            get_common(b, REPLY_MAGIC)?;
-        let status = HandshakeStatus::from_u16(status).ok_or(HandshakeError::BadStatus(status))?;
+        let c = Common::get(b, REPLY_MAGIC)?;
+        let status = HandshakeStatus::from_u16(c.flags_or_status)
+            .ok_or(HandshakeError::BadStatus(c.flags_or_status))?;
         Ok(HelloReply {
-            auth: b[32..64].try_into().expect("32 bytes"),
-            version,
-            rail_index,
-            rail_count,
+            auth: get_array(b, field::AUTH),
+            version: c.version,
+            rail_index: c.rail_index,
+            rail_count: c.rail_count,
             status,
-            capabilities,
-            max_chunk,
-            session_id,
+            capabilities: c.capabilities,
+            max_chunk: c.max_chunk,
+            session_id: c.session_id,
         })
     }
 }
@@ -332,25 +368,19 @@ impl AuthProof {
     /// Encodes the proof.
     pub fn encode(&self) -> [u8; HANDSHAKE_LEN] {
         let mut b = [0u8; HANDSHAKE_LEN];
-        b[..8].copy_from_slice(&AUTH_MAGIC);
-        b[32..].copy_from_slice(&self.mac);
+        put(&mut b, field::MAGIC, &AUTH_MAGIC);
+        put(&mut b, field::MAC, &self.mac);
         b
     }
 
     /// Decodes a proof.
     pub fn decode(b: &[u8]) -> Result<AuthProof, HandshakeError> {
-        if b.len() < HANDSHAKE_LEN {
-            return Err(HandshakeError::Truncated(b.len()));
-        }
-        let m: [u8; 8] = b[0..8].try_into().expect("8 bytes");
-        if m != AUTH_MAGIC {
-            return Err(HandshakeError::BadMagic(m));
-        }
-        if b[8..32].iter().any(|&x| x != 0) {
+        check_magic(b, AUTH_MAGIC)?;
+        if b[field::PROOF_RESERVED].iter().any(|&x| x != 0) {
             return Err(HandshakeError::Reserved);
         }
         Ok(AuthProof {
-            mac: b[32..64].try_into().expect("32 bytes"),
+            mac: get_array(b, field::MAC),
         })
     }
 }
@@ -358,6 +388,31 @@ impl AuthProof {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fields_tile_each_message() {
+        use super::super::layout::tiles;
+        use field::*;
+        let common = [
+            MAGIC,
+            VERSION,
+            RAIL_INDEX,
+            RAIL_COUNT,
+            FLAGS_OR_STATUS,
+            CAPABILITIES,
+            MAX_CHUNK,
+            SESSION_ID,
+        ];
+        let hello: Vec<_> = common
+            .iter()
+            .cloned()
+            .chain([NONCE, HELLO_RESERVED])
+            .collect();
+        let reply: Vec<_> = common.iter().cloned().chain([AUTH]).collect();
+        assert!(tiles(&hello, HANDSHAKE_LEN));
+        assert!(tiles(&reply, HANDSHAKE_LEN));
+        assert!(tiles(&[MAGIC, PROOF_RESERVED, MAC], HANDSHAKE_LEN));
+    }
     use proptest::prelude::*;
 
     #[test]

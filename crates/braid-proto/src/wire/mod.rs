@@ -2,6 +2,7 @@
 
 pub mod frame;
 pub mod handshake;
+mod layout;
 pub mod sgl;
 
 pub use frame::{FrameError, FrameHeader, HEADER_LEN, Opcode, PROTOCOL_VERSION, WireStatus};

@@ -4,6 +4,8 @@
 //! region (u64), the length (u64). The header's `arg1` is the entry count and `arg0` the
 //! sum of the lengths; see `docs/PROTOCOL.md`.
 
+use super::layout::{get_u64, put};
+
 /// Bytes of one encoded entry.
 pub const SGE_LEN: usize = 24;
 
@@ -22,13 +24,21 @@ pub struct WireSge {
     pub len: u64,
 }
 
+/// An entry's layout: byte ranges of its fields, little-endian integers.
+mod field {
+    use std::ops::Range;
+    pub(super) const RKEY: Range<usize> = 0..8;
+    pub(super) const ADDR: Range<usize> = 8..16;
+    pub(super) const LEN: Range<usize> = 16..24;
+}
+
 /// Encodes `entries` as a descriptor payload.
 pub fn encode(entries: &[WireSge]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(entries.len() * SGE_LEN);
-    for e in entries {
-        b.extend_from_slice(&e.rkey.to_le_bytes());
-        b.extend_from_slice(&e.addr.to_le_bytes());
-        b.extend_from_slice(&e.len.to_le_bytes());
+    let mut b = vec![0u8; entries.len() * SGE_LEN];
+    for (e, out) in entries.iter().zip(b.chunks_exact_mut(SGE_LEN)) {
+        put(out, field::RKEY, &e.rkey.to_le_bytes());
+        put(out, field::ADDR, &e.addr.to_le_bytes());
+        put(out, field::LEN, &e.len.to_le_bytes());
     }
     b
 }
@@ -39,15 +49,13 @@ pub fn decode(b: &[u8], count: u64, total: u64) -> Option<Vec<WireSge>> {
     if count == 0 || count > MAX_REMOTE_SGE as u64 || b.len() != count as usize * SGE_LEN {
         return None;
     }
-    let u = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
     let mut sum = 0u64;
     let mut out = Vec::with_capacity(count as usize);
-    for i in 0..count as usize {
-        let o = i * SGE_LEN;
+    for entry in b.chunks_exact(SGE_LEN) {
         let e = WireSge {
-            rkey: u(o),
-            addr: u(o + 8),
-            len: u(o + 16),
+            rkey: get_u64(entry, field::RKEY),
+            addr: get_u64(entry, field::ADDR),
+            len: get_u64(entry, field::LEN),
         };
         e.addr.checked_add(e.len)?;
         sum = sum.checked_add(e.len)?;
@@ -59,6 +67,12 @@ pub fn decode(b: &[u8], count: u64, total: u64) -> Option<Vec<WireSge>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fields_tile_an_entry() {
+        use field::*;
+        assert!(super::super::layout::tiles(&[RKEY, ADDR, LEN], SGE_LEN));
+    }
 
     #[test]
     fn round_trip_and_refusals() {
