@@ -1,10 +1,12 @@
 //! What the baselines put on the wire: the [`Hello`] that opens every connection and the
 //! [`FragHeader`] in front of every trunking fragment.
 
+use std::ops::Range;
+
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use super::{FRAG_MAGIC, MAGIC, VERSION};
+use super::FRAG_MAGIC;
 
 /// Which baseline a connection belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,44 +58,78 @@ pub struct Hello {
     pub frag: u32,
 }
 
+/// Byte ranges of the hello's fields (big-endian); bytes 36..40 are zero.
+mod hello_field {
+    use std::ops::Range;
+    pub(super) const MAGIC: Range<usize> = 0..4;
+    pub(super) const VERSION: Range<usize> = 4..6;
+    pub(super) const MODE: Range<usize> = 6..8;
+    pub(super) const SESSION: Range<usize> = 8..16;
+    pub(super) const RAIL: Range<usize> = 16..20;
+    pub(super) const RAILS: Range<usize> = 20..24;
+    pub(super) const SIZE: Range<usize> = 24..32;
+    pub(super) const FRAG: Range<usize> = 32..36;
+}
+
+/// Byte ranges of a fragment header's fields (big-endian).
+mod frag_field {
+    use std::ops::Range;
+    pub(super) const MSG: Range<usize> = 0..8;
+    pub(super) const OFFSET: Range<usize> = 8..16;
+    pub(super) const LEN: Range<usize> = 16..20;
+    pub(super) const MAGIC: Range<usize> = 20..24;
+}
+
+fn be_u16(b: &[u8], r: Range<usize>) -> u16 {
+    u16::from_be_bytes(b[r].try_into().expect("a 2-byte field"))
+}
+fn be_u32(b: &[u8], r: Range<usize>) -> u32 {
+    u32::from_be_bytes(b[r].try_into().expect("a 4-byte field"))
+}
+fn be_u64(b: &[u8], r: Range<usize>) -> u64 {
+    u64::from_be_bytes(b[r].try_into().expect("an 8-byte field"))
+}
+
 impl Hello {
     /// Encoded length.
     pub const LEN: usize = 40;
 
     /// Encodes to the wire format (big-endian).
     pub fn encode(&self) -> [u8; Self::LEN] {
+        use hello_field::*;
         let mut b = [0u8; Self::LEN];
-        b[0..4].copy_from_slice(&MAGIC.to_be_bytes());
-        b[4..6].copy_from_slice(&VERSION.to_be_bytes());
-        b[6..8].copy_from_slice(&self.mode.code().to_be_bytes());
-        b[8..16].copy_from_slice(&self.session.to_be_bytes());
-        b[16..20].copy_from_slice(&self.rail.to_be_bytes());
-        b[20..24].copy_from_slice(&self.rails.to_be_bytes());
-        b[24..32].copy_from_slice(&self.size.to_be_bytes());
-        b[32..36].copy_from_slice(&self.frag.to_be_bytes());
+        b[MAGIC].copy_from_slice(&super::MAGIC.to_be_bytes());
+        b[VERSION].copy_from_slice(&super::VERSION.to_be_bytes());
+        b[MODE].copy_from_slice(&self.mode.code().to_be_bytes());
+        b[SESSION].copy_from_slice(&self.session.to_be_bytes());
+        b[RAIL].copy_from_slice(&self.rail.to_be_bytes());
+        b[RAILS].copy_from_slice(&self.rails.to_be_bytes());
+        b[SIZE].copy_from_slice(&self.size.to_be_bytes());
+        b[FRAG].copy_from_slice(&self.frag.to_be_bytes());
         b
     }
 
     /// Decodes and checks a hello; never panics on bad input.
     pub fn decode(b: &[u8; Self::LEN]) -> Result<Hello> {
-        let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        if u32_at(0) != MAGIC {
+        use hello_field::*;
+        if be_u32(b, MAGIC) != super::MAGIC {
             bail!("not a braid baseline client (bad magic)");
         }
-        let ver = u16::from_be_bytes([b[4], b[5]]);
-        if ver != VERSION {
-            bail!("baseline protocol version {ver}, expected {VERSION}");
+        let ver = be_u16(b, VERSION);
+        if ver != super::VERSION {
+            bail!(
+                "baseline protocol version {ver}, expected {}",
+                super::VERSION
+            );
         }
-        let mode =
-            Mode::from_code(u16::from_be_bytes([b[6], b[7]])).context("unknown baseline mode")?;
+        let mode = Mode::from_code(be_u16(b, MODE)).context("unknown baseline mode")?;
         let h = Hello {
             mode,
-            session: u64_at(8),
-            rail: u32_at(16),
-            rails: u32_at(20),
-            size: u64_at(24),
-            frag: u32_at(32),
+            session: be_u64(b, SESSION),
+            rail: be_u32(b, RAIL),
+            rails: be_u32(b, RAILS),
+            size: be_u64(b, SIZE),
+            frag: be_u32(b, FRAG),
         };
         if h.rails == 0 || h.rails > 64 || h.rail >= h.rails {
             bail!("bad rail {} of {}", h.rail, h.rails);
@@ -125,23 +161,25 @@ impl FragHeader {
 
     /// Encodes to the wire format.
     pub fn encode(&self) -> [u8; Self::LEN] {
+        use frag_field::*;
         let mut b = [0u8; Self::LEN];
-        b[0..8].copy_from_slice(&self.msg.to_be_bytes());
-        b[8..16].copy_from_slice(&self.offset.to_be_bytes());
-        b[16..20].copy_from_slice(&self.len.to_be_bytes());
-        b[20..24].copy_from_slice(&FRAG_MAGIC.to_be_bytes());
+        b[MSG].copy_from_slice(&self.msg.to_be_bytes());
+        b[OFFSET].copy_from_slice(&self.offset.to_be_bytes());
+        b[LEN].copy_from_slice(&self.len.to_be_bytes());
+        b[MAGIC].copy_from_slice(&FRAG_MAGIC.to_be_bytes());
         b
     }
 
     /// Decodes a header; never panics.
     pub fn decode(b: &[u8; Self::LEN]) -> Result<FragHeader> {
-        if u32::from_be_bytes(b[20..24].try_into().expect("4")) != FRAG_MAGIC {
+        use frag_field::*;
+        if be_u32(b, MAGIC) != FRAG_MAGIC {
             bail!("bad fragment header (stream out of sync)");
         }
         Ok(FragHeader {
-            msg: u64::from_be_bytes(b[0..8].try_into().expect("8")),
-            offset: u64::from_be_bytes(b[8..16].try_into().expect("8")),
-            len: u32::from_be_bytes(b[16..20].try_into().expect("4")),
+            msg: be_u64(b, MSG),
+            offset: be_u64(b, OFFSET),
+            len: be_u32(b, LEN),
         })
     }
 }
@@ -149,6 +187,32 @@ impl FragHeader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fields_tile_each_header() {
+        let tiles = |fields: &[Range<usize>], len: usize| {
+            fields.windows(2).all(|w| w[0].end == w[1].start)
+                && fields.first().map(|f| f.start) == Some(0)
+                && fields.last().map(|f| f.end) == Some(len)
+        };
+        use hello_field as h;
+        let hello = [
+            h::MAGIC,
+            h::VERSION,
+            h::MODE,
+            h::SESSION,
+            h::RAIL,
+            h::RAILS,
+            h::SIZE,
+            h::FRAG,
+        ];
+        assert!(tiles(&hello, 36), "the hello's fields, then 4 zero bytes");
+        use frag_field as f;
+        assert!(tiles(
+            &[f::MSG, f::OFFSET, f::LEN, f::MAGIC],
+            FragHeader::LEN
+        ));
+    }
 
     #[test]
     fn hello_roundtrip_and_rejects() {
