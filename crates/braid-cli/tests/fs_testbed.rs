@@ -215,11 +215,7 @@ impl Cluster {
     }
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| (i.wrapping_mul(2654435761) ^ seed) as u8)
-        .collect()
-}
+use braid_testkit::pattern::pattern;
 
 /// Two clients on two hosts, each mounted over four rails: files written by one are read by
 /// the other (close-to-open), writes from both hosts at once, and every rail carries data.

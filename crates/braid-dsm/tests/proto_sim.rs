@@ -4,12 +4,12 @@
 
 mod sim;
 
-use sim::{Params, Rng, Sim, seeds};
+use sim::{Params, Sim, rng, seeds};
 
 const MAX_STEPS: u64 = 2_000_000;
 
 fn run_seed(seed: u64) -> Sim {
-    let mut rng = Rng::new(seed.wrapping_mul(0x9E37_79B9));
+    let mut rng = rng(seed.wrapping_mul(0x9E37_79B9));
     let p = Params::random(&mut rng);
     let mut sim = Sim::new(seed, p);
     if let Err(e) = sim.run(MAX_STEPS) {

@@ -13,7 +13,7 @@ use braid_proto::wire::frame::{FLAG_EARLY, FLAG_IMM};
 use braid_proto::wire::{FrameError, FrameHeader, HEADER_LEN, Opcode, WireStatus};
 use braid_proto::{Access, Completion, CompletionKind, Region, RemoteKey, RemoteSge, Status};
 use braid_proto::{PostError, ProtocolError, Request, RxAction, Session, SessionConfig};
-use sim::{Rng, Sim, random_sgl, seeds};
+use sim::{Rng, Sim, random_sgl, rng, seeds};
 
 const A: usize = 0;
 const B: usize = 1;
@@ -76,7 +76,7 @@ fn run_until_initiated(sim: &mut Sim, s: usize, n: usize, max_steps: u64) {
 type RoundTrip = (u64, CompletionKind, usize, Option<(Region, Vec<u8>)>);
 
 fn round_trip_case(seed: u64, rails: usize) {
-    let mut rng = Rng::new(seed.wrapping_mul(31) + rails as u64);
+    let mut rng = rng(seed.wrapping_mul(31) + rails as u64);
     let mut cfg = random_cfg(&mut rng);
     cfg.relaxed_placement = seed % 2 == 1;
     let mut sim = Sim::new(seed, rails, cfg.clone());
@@ -205,7 +205,7 @@ fn striping_follows_rail_rates() {
     );
     sim.opts.short_reads = false;
     sim.opts.sndbuf = 512 << 10;
-    let mut rng = Rng::new(seed);
+    let mut rng = rng(seed);
     const OP: usize = 4 << 20;
     const SLOTS: usize = 8;
     const OPS: usize = 24;
@@ -309,7 +309,7 @@ fn lone_operations_use_every_rail() {
         const OP: usize = 1 << 20;
         let target = sim.sides[B].alloc(OP, Access::all());
         let src = sim.sides[A].alloc(OP, Access::NONE);
-        src.write_at(0, &Rng::new(seed).bytes(OP)).unwrap();
+        src.write_at(0, &rng(seed).bytes(OP)).unwrap();
         let rkey = target.remote_key().key;
         for i in 0..8u64 {
             let before = sim.sides[A].session.rail_data_sent();
@@ -359,7 +359,7 @@ fn relaxed_writes_are_placed_ahead_and_complete_in_order() {
             cfg.clone(),
             cfg,
         );
-        let mut rng = Rng::new(seed + 77);
+        let mut rng = rng(seed + 77);
         const OP: usize = 256 << 10;
         const OPS: usize = 12;
         let target = sim.sides[B].alloc(OP * OPS, Access::all());
@@ -496,7 +496,7 @@ fn strict_or_overlapping_writes_are_never_early() {
 #[test]
 fn read_after_write_sees_the_write() {
     for seed in 0..6 {
-        let mut rng = Rng::new(seed);
+        let mut rng = rng(seed);
         let cfg = SessionConfig {
             chunk_size: 4096,
             ..random_cfg(&mut rng)
@@ -541,7 +541,7 @@ fn read_after_write_sees_the_write() {
 #[test]
 fn flag_written_after_data_implies_data() {
     for seed in 0..6 {
-        let mut rng = Rng::new(seed + 1000);
+        let mut rng = rng(seed + 1000);
         let cfg = SessionConfig {
             chunk_size: rng.urange(1024, 16384),
             ..random_cfg(&mut rng)
@@ -615,7 +615,7 @@ fn flag_written_after_data_implies_data() {
 #[test]
 fn sends_and_imm_writes_consume_receives_in_order() {
     for seed in 0..8 {
-        let mut rng = Rng::new(seed + 2000);
+        let mut rng = rng(seed + 2000);
         let cfg = random_cfg(&mut rng);
         let rails = rng.urange(1, 4);
         let mut sim = Sim::new(seed, rails, cfg);
@@ -720,7 +720,7 @@ fn sends_and_imm_writes_consume_receives_in_order() {
 #[test]
 fn send_without_receive_stalls_then_completes() {
     for seed in 0..4 {
-        let mut rng = Rng::new(seed + 3000);
+        let mut rng = rng(seed + 3000);
         let cfg = SessionConfig {
             chunk_size: 2048,
             ..random_cfg(&mut rng)
@@ -943,7 +943,7 @@ fn word(r: &Region, off: usize) -> u64 {
 #[test]
 fn atomics_many_interleaved() {
     for seed in 0..6 {
-        let mut rng = Rng::new(seed + 4000);
+        let mut rng = rng(seed + 4000);
         let cfg = random_cfg(&mut rng);
         let rails = rng.urange(1, 4);
         let mut sim = Sim::new(seed, rails, cfg);
@@ -1071,7 +1071,7 @@ fn atomics_misaligned_are_refused() {
 #[test]
 fn atomics_from_both_sides_at_once() {
     for seed in 0..4 {
-        let mut rng = Rng::new(seed + 5000);
+        let mut rng = rng(seed + 5000);
         let cfg = random_cfg(&mut rng);
         let rails = rng.urange(1, 4);
         let mut sim = Sim::new(seed, rails, cfg);
@@ -1136,7 +1136,7 @@ fn atomics_from_both_sides_at_once() {
 #[test]
 fn protection_violations_leave_memory_unchanged() {
     for seed in 0..3 {
-        let mut rng = Rng::new(seed + 6000);
+        let mut rng = rng(seed + 6000);
         let cfg = SessionConfig {
             chunk_size: rng.urange(512, 8192),
             ..random_cfg(&mut rng)
@@ -1910,7 +1910,7 @@ mod fuzz {
 #[test]
 fn losing_every_rail_fails_everything_exactly_once() {
     for seed in 0..8 {
-        let mut rng = Rng::new(seed + 7000);
+        let mut rng = rng(seed + 7000);
         let cfg = SessionConfig {
             chunk_size: rng.urange(512, 8192),
             ..random_cfg(&mut rng)
@@ -2366,7 +2366,7 @@ fn any_pieces(rng: &mut Rng, len: usize, lo: usize) -> Vec<(usize, usize)> {
 
 /// Returns how many write chunks were placed ahead of their turn (relaxed placement).
 fn mixed_case(seed: u64) -> u64 {
-    let mut rng = Rng::new(seed ^ 0xABCD_0000);
+    let mut rng = rng(seed ^ 0xABCD_0000);
     let overlap_ok = std::env::var_os("BRAID_SIM_OVERLAP").is_some();
     let no_failover = std::env::var_os("BRAID_SIM_NO_FAILOVER").is_some();
     let rails = rng.urange(1, 4);

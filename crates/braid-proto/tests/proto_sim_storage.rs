@@ -18,7 +18,7 @@ use std::time::Duration;
 use braid_proto::wire::Opcode;
 use braid_proto::{Access, CompletionKind, Region, RemoteKey, RemoteSge, Status};
 use braid_proto::{Request, SessionConfig};
-use sim::{Rng, Sim, random_sgl, seeds};
+use sim::{Rng, Sim, random_sgl, rng, seeds};
 use tmpfile::TempFile;
 
 const A: usize = 0;
@@ -121,7 +121,7 @@ fn pieces(rng: &mut Rng, len: usize, disjoint: bool) -> Vec<(Mem, usize, usize)>
 }
 
 fn case(seed: u64) -> (usize, usize) {
-    let mut rng = Rng::new(seed ^ 0x5707_0000);
+    let mut rng = rng(seed ^ 0x5707_0000);
     let ctx = |what: &str| format!("seed {seed} ({what}); replay with BRAID_SIM_SEED={seed}");
     let rails = rng.urange(1, 4);
     let rates: Vec<Option<f64>> = (0..rails)

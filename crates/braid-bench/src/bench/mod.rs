@@ -408,44 +408,10 @@ pub fn secs(s: f64, what: &str) -> Result<Duration> {
     Ok(Duration::from_secs_f64(s))
 }
 
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Fills `buf` with the pattern of `seed` (iteration or slot): every 8-byte word depends on
-/// the seed and its offset, so stale, misplaced or foreign data shows.
-pub fn fill_pattern(seed: u64, buf: &mut [u8]) {
-    let base = mix(seed ^ 0xB4A1_D5EE_D000_0000);
-    let mut chunks = buf.chunks_exact_mut(8);
-    let mut w = 0u64;
-    for c in &mut chunks {
-        let v = base ^ w.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        c.copy_from_slice(&(v ^ (v >> 29)).to_le_bytes());
-        w += 1;
-    }
-    let rest = chunks.into_remainder();
-    if !rest.is_empty() {
-        let v = base ^ w.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let b = (v ^ (v >> 29)).to_le_bytes();
-        rest.copy_from_slice(&b[..rest.len()]);
-    }
-}
-
-/// Compares `got` with the pattern of `seed`; `Err(first bad offset)`.
-pub fn check_pattern(seed: u64, got: &[u8], scratch: &mut Vec<u8>) -> Result<(), usize> {
-    scratch.resize(got.len(), 0);
-    fill_pattern(seed, scratch);
-    if got == &scratch[..] {
-        return Ok(());
-    }
-    Err(got
-        .iter()
-        .zip(scratch.iter())
-        .position(|(a, b)| a != b)
-        .unwrap_or(0))
-}
+/// The test kit's pattern: every 8-byte word depends on the seed (iteration or slot) and
+/// its offset, so stale, misplaced or foreign data shows; `check_pattern` gives the first
+/// bad offset.
+pub use braid_testkit::pattern::{check as check_pattern, fill as fill_pattern};
 
 /// Writes the pattern of `seed` into `len` bytes of `region` at `off`.
 pub fn write_pattern(

@@ -254,23 +254,8 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[i])
 }
 
-/// A small deterministic generator (xorshift64*), so runs read the same offsets.
-pub struct Rng(u64);
-
-impl Rng {
-    /// Seeded (a zero seed is replaced).
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    /// Next value.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
+/// The test kit's seeded generator, so runs read the same offsets.
+pub use braid_testkit::Rng;
 
 /// Random 4 KiB reads (one at a time, `pread` at block-aligned offsets) of the pattern file,
 /// each block checked, until `max_ops` reads or `limit` seconds.

@@ -15,56 +15,8 @@ pub(super) fn secs(s: f64, what: &str) -> Result<Duration> {
 
 // ------------------------------------------------------------------ small helpers
 
-pub(super) fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Fills `buf` with bytes determined by `seed` and the position.
-pub(super) fn fill(seed: u64, buf: &mut [u8]) {
-    let base = mix(seed);
-    let mut chunks = buf.chunks_exact_mut(8);
-    let mut i = 0u64;
-    for c in &mut chunks {
-        c.copy_from_slice(&mix(base ^ i).to_le_bytes());
-        i += 1;
-    }
-    let rest = chunks.into_remainder();
-    if !rest.is_empty() {
-        let b = mix(base ^ i).to_le_bytes();
-        let n = rest.len();
-        rest.copy_from_slice(&b[..n]);
-    }
-}
-
-/// xorshift64* generator.
-pub(super) struct Rng(u64);
-
-impl Rng {
-    pub(super) fn new(seed: u64) -> Rng {
-        Rng(mix(seed) | 1)
-    }
-    pub(super) fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `lo..=hi`.
-    pub(super) fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-    /// Roughly log-uniform in `lo..=hi`.
-    pub(super) fn size(&mut self, lo: usize, hi: usize) -> usize {
-        let top = usize::BITS - hi.leading_zeros();
-        let bits = self.range(0, top as usize - 1);
-        let a = (1usize << bits).max(lo);
-        let b = ((2usize << bits) - 1).min(hi).max(a);
-        self.range(a, b)
-    }
-}
+pub(super) use braid_testkit::Rng;
+pub(super) use braid_testkit::pattern::fill;
 
 /// Peak resident set size of this process (VmHWM), in KiB.
 pub fn max_rss_kib() -> u64 {
@@ -112,14 +64,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_and_fill() {
-        let mut r = Rng::new(1);
-        for _ in 0..10_000 {
-            let s = r.size(1, 1 << 20);
-            assert!((1..=1 << 20).contains(&s));
-            let s = r.size(32, 65536);
-            assert!((32..=65536).contains(&s));
-        }
+    fn fill_hex_and_rss() {
         let mut a = vec![0u8; 13];
         let mut b = vec![0u8; 13];
         fill(5, &mut a);

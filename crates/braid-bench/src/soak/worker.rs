@@ -175,8 +175,8 @@ impl Worker {
 
     /// Random pieces (slot offset, length) of a scatter/gather list of `len` bytes.
     fn sg_pieces(&mut self, len: usize) -> Vec<(usize, usize)> {
-        let n = self.rng.range(2, 4).min(len);
-        let mut cuts: Vec<usize> = (1..n).map(|_| self.rng.range(1, len - 1)).collect();
+        let n = self.rng.urange(2, 4).min(len);
+        let mut cuts: Vec<usize> = (1..n).map(|_| self.rng.urange(1, len - 1)).collect();
         cuts.sort_unstable();
         cuts.dedup();
         let mut pieces = Vec::new();
@@ -199,7 +199,7 @@ impl Worker {
     /// Posts one random operation.
     fn post_random(&mut self) -> Result<()> {
         let total: u32 = KINDS.iter().map(|k| k.2).sum();
-        let mut pick = (self.rng.next() % total as u64) as u32;
+        let mut pick = (self.rng.next_u64() % total as u64) as u32;
         let kind = KINDS
             .iter()
             .find(|k| {
@@ -212,7 +212,7 @@ impl Worker {
             })
             .expect("weights")
             .0;
-        let e = self.rng.range(0, self.eps.len() - 1);
+        let e = self.rng.urange(0, self.eps.len() - 1);
         let slot = self.free.pop().expect("a free slot below depth");
         let r = self.post(kind, e, slot);
         if r.is_err() {
@@ -231,15 +231,15 @@ impl Worker {
         };
         let check = match kind {
             Kind::Write | Kind::WriteImm | Kind::WriteSg => {
-                let len = self.rng.size(1, self.max_size);
-                let off = self.rng.range(0, self.area - len);
+                let len = self.rng.log_range(1, self.max_size as u64) as usize;
+                let off = self.rng.urange(0, self.area - len);
                 let pieces = if kind == Kind::WriteSg && len >= 2 {
                     self.sg_pieces(len)
                 } else {
                     vec![(0, len)]
                 };
                 self.scratch.resize(len, 0);
-                fill(self.rng.next(), &mut self.scratch);
+                fill(self.rng.next_u64(), &mut self.scratch);
                 let mut at = 0;
                 for &(o, l) in &pieces {
                     self.src.write_at(base + o, &self.scratch[at..at + l])?;
@@ -260,16 +260,17 @@ impl Worker {
                 Check::Nothing
             }
             Kind::Read | Kind::ReadSg => {
-                let len = self.rng.size(1, self.max_size);
-                let off = self.rng.range(0, self.area - len);
+                let len = self.rng.log_range(1, self.max_size as u64) as usize;
+                let off = self.rng.urange(0, self.area - len);
                 return self.post_read(e, slot, off, len, kind == Kind::ReadSg, false);
             }
             Kind::Send => {
-                let len = self
-                    .rng
-                    .size(SEND_HDR, RECV_LEN.min(self.max_size.max(SEND_HDR)));
+                let len = self.rng.log_range(
+                    SEND_HDR as u64,
+                    RECV_LEN.min(self.max_size.max(SEND_HDR)) as u64,
+                ) as usize;
                 let seq = self.rep.recv_ops[e];
-                let seed = self.rng.next();
+                let seed = self.rng.next_u64();
                 self.scratch.resize(len, 0);
                 fill(seed, &mut self.scratch[SEND_HDR..]);
                 let h = &mut self.scratch[..SEND_HDR];
@@ -285,18 +286,18 @@ impl Worker {
                 Check::Nothing
             }
             Kind::FetchAdd => {
-                let add = self.rng.range(1, 1000) as u64;
+                let add = self.rng.urange(1, 1000) as u64;
                 let off = Self::atomics(self.area, self.threads) as u64;
                 posted(ep.fetch_add(wr, &key, off, add))?;
                 Check::FetchAdd { add }
             }
             Kind::CompareSwap => {
                 let old = self.rep.cas[e];
-                let swap = self.rng.next();
-                let compare = if self.rng.next().is_multiple_of(2) {
+                let swap = self.rng.next_u64();
+                let compare = if self.rng.next_u64().is_multiple_of(2) {
                     old
                 } else {
-                    old ^ (1 + self.rng.next() % 255)
+                    old ^ (1 + self.rng.next_u64() % 255)
                 };
                 posted(ep.compare_swap(wr, &key, self.cas_off(), compare, swap))?;
                 if compare == old {

@@ -21,31 +21,12 @@ use std::collections::{HashMap, VecDeque};
 
 use braid_dsm::proto::{Access, Action, HomePolicy, Msg, Node, NodeConfig, PageId, Rank, Source};
 
-/// splitmix64.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
+/// The test kit's generator, salted per simulation seed (the recorded surveys' streams).
+pub use braid_testkit::Rng;
 
-impl Rng {
-    /// A generator for `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0xD5A0_0000_1234_5678)
-    }
-    /// 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n`.
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
+/// The generator of simulation `seed`.
+pub fn rng(seed: u64) -> Rng {
+    Rng::new(seed ^ 0xD5A0_0000_1234_5678)
 }
 
 /// Seeds to run: `BRAID_DSM_SIM_SEED=n` replays one, `BRAID_DSM_SIM_SEEDS=n` sets the count.
@@ -187,18 +168,18 @@ impl Params {
     /// Random parameters for `seed`.
     pub fn random(rng: &mut Rng) -> Params {
         Params {
-            ranks: 1 + rng.below(5) as u32,
-            pages: 1 + rng.below(6) as u64,
-            threads: 1 + rng.below(3),
-            ops: 5 + rng.below(40),
-            slots: 1 + rng.below(3) as u32,
+            ranks: 1 + rng.index(5) as u32,
+            pages: 1 + rng.index(6) as u64,
+            threads: 1 + rng.index(3),
+            ops: 5 + rng.index(40),
+            slots: 1 + rng.index(3) as u32,
             policy: if rng.chance(0.5) {
                 HomePolicy::Block
             } else {
                 HomePolicy::Cyclic
             },
             reorder: rng.chance(0.3),
-            locks: rng.below(3) as u32,
+            locks: rng.index(3) as u32,
         }
     }
 }
@@ -222,12 +203,12 @@ const FIRST_PAGE: PageId = 1000;
 
 fn program(rng: &mut Rng, p: &Params) -> VecDeque<Op> {
     let mut ops = VecDeque::new();
-    let page = |rng: &mut Rng| FIRST_PAGE + rng.below(p.pages as usize) as u64;
+    let page = |rng: &mut Rng| FIRST_PAGE + rng.index(p.pages as usize) as u64;
     while ops.len() < p.ops {
         if p.locks > 0 && rng.chance(0.15) {
-            let l = rng.below(p.locks as usize) as u32 * 7 + 1;
+            let l = rng.index(p.locks as usize) as u32 * 7 + 1;
             ops.push_back(Op::Lock(l));
-            for _ in 0..1 + rng.below(3) {
+            for _ in 0..1 + rng.index(3) {
                 let pg = page(rng);
                 ops.push_back(Op::Read(pg));
                 ops.push_back(Op::Write(pg));
@@ -245,7 +226,7 @@ fn program(rng: &mut Rng, p: &Params) -> VecDeque<Op> {
 impl Sim {
     /// A group for `p`, seeded with `seed`.
     pub fn new(seed: u64, p: Params) -> Sim {
-        let mut rng = Rng::new(seed);
+        let mut rng = rng(seed);
         let mut ranks = Vec::new();
         for r in 0..p.ranks {
             let mut node = Node::new(NodeConfig {
@@ -262,7 +243,7 @@ impl Sim {
                 })
                 .collect();
             // Lock words start near the 32-bit wrap of the tickets.
-            let start = u32::MAX - rng.below(3) as u32;
+            let start = u32::MAX - rng.index(3) as u32;
             let words = (0..p.locks)
                 .map(|i| i * 7 + 1)
                 .filter(|l| l % p.ranks == r)
@@ -335,7 +316,7 @@ impl Sim {
                     self.dump()
                 ));
             }
-            let (kind, r, t) = choices[self.rng.below(choices.len())];
+            let (kind, r, t) = choices[self.rng.index(choices.len())];
             match kind {
                 0 => self.deliver()?,
                 1 => self.service(r as Rank)?,
@@ -347,10 +328,10 @@ impl Sim {
 
     fn deliver(&mut self) -> Result<(), String> {
         let i = if self.p.reorder {
-            self.rng.below(self.net.len())
+            self.rng.index(self.net.len())
         } else {
             // The oldest message of a random pair: per-pair FIFO.
-            let j = self.rng.below(self.net.len());
+            let j = self.rng.index(self.net.len());
             let (f, t) = (self.net[j].from, self.net[j].to);
             self.net
                 .iter()

@@ -14,17 +14,7 @@ pub fn pair() -> (TcpStream, TcpStream) {
     (c, s)
 }
 
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+pub use braid_testkit::pattern::pattern;
 
 pub fn fnv1a(h: u64, data: &[u8]) -> u64 {
     data.iter()

@@ -31,86 +31,13 @@ use braid_proto::{ProtocolError, RxAction, Session, SessionConfig};
 
 // ------------------------------------------------------------------------------ PRNG
 
-/// splitmix64: tiny, fast, and good enough to drive a simulation.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
+/// The test kit's generator; a simulation's seed is salted so that its streams stay those
+/// of the recorded surveys.
+pub use braid_testkit::Rng;
 
-impl Rng {
-    /// A generator for `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x5EED_B4A1_D000_0000)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
-        assert!(n > 0);
-        self.next_u64() % n
-    }
-
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        assert!(lo <= hi);
-        if hi - lo == u64::MAX {
-            return self.next_u64();
-        }
-        lo + self.below(hi - lo + 1)
-    }
-
-    /// Uniform in `lo..=hi` as usize.
-    pub fn urange(&mut self, lo: usize, hi: usize) -> usize {
-        self.range(lo as u64, hi as u64) as usize
-    }
-
-    /// Log-uniform in `lo..=hi` (`lo >= 1`): small and large sizes alike.
-    pub fn log_range(&mut self, lo: u64, hi: u64) -> u64 {
-        assert!(lo >= 1 && lo <= hi);
-        let (a, b) = ((lo as f64).ln(), ((hi + 1) as f64).ln());
-        let x = a + (b - a) * self.unit();
-        (x.exp() as u64).clamp(lo, hi)
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        self.unit() < p
-    }
-
-    /// Fills `buf` with random bytes.
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        let mut chunks = buf.chunks_exact_mut(8);
-        for c in &mut chunks {
-            c.copy_from_slice(&self.next_u64().to_le_bytes());
-        }
-        let rest = chunks.into_remainder();
-        let last = self.next_u64().to_le_bytes();
-        let n = rest.len();
-        rest.copy_from_slice(&last[..n]);
-    }
-
-    /// `n` random bytes.
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut v = vec![0u8; n];
-        self.fill(&mut v);
-        v
-    }
-
-    /// A uniformly chosen element.
-    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len() as u64) as usize]
-    }
+/// The generator of simulation `seed`.
+pub fn rng(seed: u64) -> Rng {
+    Rng::new(seed ^ 0x5EED_B4A1_D000_0000)
 }
 
 /// The seeds a "many seeds" test runs: `BRAID_SIM_SEED=n` replays one, `BRAID_SIM_SEEDS=n`
@@ -536,7 +463,7 @@ impl Sim {
                 .collect(),
             base: Instant::now(),
             now: Duration::ZERO,
-            rng: Rng::new(seed),
+            rng: rng(seed),
             seed,
             opts: SimOptions::default(),
             capture: false,
