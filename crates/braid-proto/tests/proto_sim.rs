@@ -2095,17 +2095,14 @@ fn second_retransmission_while_first_still_arriving() {
             .session
             .post(0, write(vec![src.as_sge()], target.remote_key().key, 0))
             .unwrap();
-        // The write goes out on rail 0 (a one-frame write: the session puts it on the rail
-        // whose turn it is, rail 0 first, and no other rail takes it); B reads its header
-        // and a little of its payload, then gives rail 0 up (so it cannot finish it there),
-        // and so does A.
-        assert!(!sim.tx_one(A, 1), "seed {seed}: not rail 1's turn");
-        assert!(sim.tx_one(A, 0));
-        assert!(sim.rx_one(B, 0) && sim.rx_one(B, 0));
-        assert!(sim.sides[B].mid_payload(0));
-        sim.lose_rail(B, 0);
-        sim.lose_rail(A, 0);
-        // First retransmission on rail 2 (A's RailDown waits on rail 1): B starts reading it.
+        // The write goes out on rail 1; B reads its header and a little of its payload, then
+        // gives rail 1 up (so it cannot finish it there), and so does A.
+        assert!(sim.tx_one(A, 1));
+        assert!(sim.rx_one(B, 1) && sim.rx_one(B, 1));
+        assert!(sim.sides[B].mid_payload(1));
+        sim.lose_rail(B, 1);
+        sim.lose_rail(A, 1);
+        // First retransmission on rail 2 (A's RailDown waits on rail 0): B starts reading it.
         assert!(sim.tx_one(A, 2));
         assert!(sim.rx_one(B, 2) && sim.rx_one(B, 2));
         assert!(sim.sides[B].mid_payload(2));

@@ -86,7 +86,7 @@ pub struct Session {
     prefer_resp: bool,
     /// Shares of the operation that alone has data left to send.
     lone: Option<LoneOp>,
-    /// Where the round robin of small operations over tied rails starts next
+    /// Where the round robin of concurrent small operations over tied rails starts next
     /// (see `Session::small_op_rail`).
     small_rr: usize,
     frontier: u64,

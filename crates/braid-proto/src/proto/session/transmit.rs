@@ -129,7 +129,7 @@ impl Session {
                 && !self.leaves_lone_share(rail)
                 && self.small_op_rail().is_none_or(|r| r == rail)
             {
-                if self.next_data_is_small_op() {
+                if self.next_data_is_concurrent_small_op() {
                     self.small_rr = (rail + 1) % self.rails.len();
                 }
                 let resp_first = self.prefer_resp || self.tx_req.is_empty();
