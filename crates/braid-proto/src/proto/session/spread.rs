@@ -107,8 +107,8 @@ impl Session {
     /// first): an operation that is alone keeps the rail of the conversation. Spreading
     /// those too (round robin at every operation, or in turns of 64 KiB) made a DSM fault
     /// at depth 1 over four testbed rails slower (read fault 72-92 µs against 62 µs, medians
-    /// of 8 interleaved runs at load 7-9): the TCP connections' acknowledgements no longer
-    /// ride on the replies.
+    /// of 8 interleaved runs at load 7-9), most likely because the TCP connections'
+    /// acknowledgements then no longer ride on the replies.
     pub(super) fn small_op_rail(&self) -> Option<usize> {
         if !self.next_data_is_concurrent_small_op() {
             return None;
