@@ -5,6 +5,7 @@
 mod service;
 mod shared;
 pub(crate) mod space;
+mod trace;
 mod transport;
 pub(crate) mod uffd;
 

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use braid::{Completion, CompletionKind, CompletionQueue};
 
 use super::shared::{Request, Shared};
+use super::trace::{Ev, Trace, msg_kind};
 use super::transport::{Transport, WR_ATOMIC, WR_CTRL, WR_PAGE, WR_RECV};
 use super::uffd::{self, EventBuffer, Fault, Faults};
 use crate::error::DsmError;
@@ -80,6 +81,7 @@ pub(crate) struct Service {
     /// thread woken by an install gets its next request out first. The home needs one
     /// only before it serves that page again.
     confirms: Vec<(Rank, Msg)>,
+    trace: Trace,
 }
 
 impl Service {
@@ -115,6 +117,7 @@ impl Service {
             posted: std::collections::HashMap::new(),
             arrived: None,
             confirms: Vec::new(),
+            trace: Trace::new(),
         }
     }
 
@@ -164,13 +167,16 @@ impl Service {
                 unsafe { libc::sched_yield() };
                 continue;
             }
+            self.trace.rec(Ev::Sleep, 0, 0);
             self.sleep(&waker);
+            self.trace.rec(Ev::Wake, 0, 0);
         }
         for (to, msg) in std::mem::take(&mut self.confirms) {
             let _ = self.tx.send(to, &msg);
         }
         let _ = self.tx.flush();
         *self.stats.lock() = self.local;
+        self.trace.dump(self.node.rank());
     }
 
     /// One pass over every source of events; true if anything happened.
@@ -283,6 +289,7 @@ impl Service {
             )));
         }
         let page = ((f.addr - self.base) / self.page) as PageId;
+        self.trace.rec(Ev::Fault, page, f.write as u64);
         let t = Instant::now();
         let before = self.node.pending_slot(page).is_some();
         self.node
@@ -432,6 +439,8 @@ impl Service {
     fn message(&mut self, peer: Rank, msg: Msg) -> Result<(), DsmError> {
         self.local.messages += 1;
         self.arrived = Some(Instant::now());
+        let (p, k) = msg_kind(&msg);
+        self.trace.rec(Ev::Msg, p, peer as u64 * 16 + k);
         if let Msg::Grant { page, .. } = msg
             && let Some(t) = self.posted.remove(&page)
         {
@@ -473,7 +482,12 @@ impl Service {
                 to,
                 msg: msg @ Msg::Confirm { .. },
             } => self.confirms.push((to, msg)),
-            Action::Send { to, msg } => self.tx.send(to, &msg)?,
+            Action::Send { to, msg } => {
+                let (p, k) = msg_kind(&msg);
+                self.trace.rec(Ev::Send, p, to as u64 * 16 + k);
+                self.tx.send(to, &msg)?;
+                self.trace.rec(Ev::Sent, p, to as u64 * 16 + k);
+            }
             Action::SendPage {
                 to,
                 slot,
@@ -489,7 +503,9 @@ impl Service {
                     uffd::drop_pages(p, page_len).map_err(|e| os("dropping a page", e))?;
                     self.local.drops += 1;
                 }
+                self.trace.rec(Ev::Send, page, to as u64 * 16 + 6);
                 self.tx.send_page(to, slot, snap)?;
+                self.trace.rec(Ev::Sent, page, to as u64 * 16 + 6);
                 self.local.pages_sent += 1;
                 if let Some(t) = self.arrived {
                     self.local.serve_ns += t.elapsed().as_nanos() as u64;
@@ -509,6 +525,7 @@ impl Service {
                 let t = Instant::now();
                 unsafe { self.faults.install(self.addr(page), src, page_len, write) }
                     .map_err(|e| os("installing a page", e))?;
+                self.trace.rec(Ev::Installed, page, 0);
                 self.local.installs += 1;
                 self.local.install_ns += t.elapsed().as_nanos() as u64;
             }
@@ -517,6 +534,7 @@ impl Service {
                 self.faults
                     .unprotect(self.addr(page), page_len)
                     .map_err(|e| os("unprotecting a page", e))?;
+                self.trace.rec(Ev::Installed, page, 1);
                 self.local.install_ns += t.elapsed().as_nanos() as u64;
             }
             Action::Protect { page } => self
@@ -526,6 +544,7 @@ impl Service {
             Action::Drop { page } => {
                 uffd::drop_pages(self.addr(page), page_len)
                     .map_err(|e| os("dropping a page", e))?;
+                self.trace.rec(Ev::Dropped, page, 0);
                 self.local.drops += 1;
             }
             Action::Wake { page } => self

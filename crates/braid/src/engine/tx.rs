@@ -16,6 +16,9 @@ use super::transport::Transport;
 /// Most frames, and bytes, gathered into one send system call.
 const BATCH_FRAMES: usize = 16;
 const BATCH_BYTES: usize = 256 << 10;
+/// Passes of [`EndpointShared::flush_all`] over the rails before it leaves the rest to
+/// the engine thread.
+const FLUSH_PASSES: usize = 64;
 
 /// One rail's transmit state, behind [`super::RailIo`]'s transmit lock.
 pub(super) struct TxState {
@@ -152,18 +155,42 @@ impl EndpointShared {
 
     /// Flushes every rail that has something to send, in the session or in its transmit
     /// batch. Returns false when a rail failed.
+    ///
+    /// The session hands each small operation to one chosen rail (the one with the fewest
+    /// bytes in flight, round robin among equals), so a rail earlier in the pass may be
+    /// chosen for the next one after a later rail took its own: passes repeat while a rail
+    /// that is not blocked still has frames (each pass sends at least one; bounded anyway).
     pub(crate) fn flush_all(&self) -> bool {
-        for rail in 0..self.rails.len() {
-            if !self.rails[rail].tx_blocked.load(Ordering::Acquire)
-                && !self.session.lock().wants_transmit(rail)
-            {
-                continue;
+        for _ in 0..FLUSH_PASSES {
+            let mut again = false;
+            for rail in 0..self.rails.len() {
+                if !self.rails[rail].tx_blocked.load(Ordering::Acquire)
+                    && !self.session.lock().wants_transmit(rail)
+                {
+                    continue;
+                }
+                match self.flush_rail(rail) {
+                    Ok(Flush::Idle) => again = true,
+                    Ok(Flush::Blocked) => {}
+                    Err(e) => {
+                        self.fail_rail(rail, &format!("send failed: {e}"));
+                        return false;
+                    }
+                }
             }
-            if let Err(e) = self.flush_rail(rail) {
-                self.fail_rail(rail, &format!("send failed: {e}"));
-                return false;
+            let more = again && {
+                let s = self.session.lock();
+                (0..self.rails.len()).any(|r| {
+                    !self.rails[r].tx_blocked.load(Ordering::Acquire) && s.wants_transmit(r)
+                })
+            };
+            if !more {
+                return true;
             }
         }
+        // Still more after every pass (a long queue of small operations): the engine
+        // thread goes on with it.
+        self.kicker.kick(self.id);
         true
     }
 }

@@ -86,6 +86,9 @@ pub struct Session {
     prefer_resp: bool,
     /// Shares of the operation that alone has data left to send.
     lone: Option<LoneOp>,
+    /// Where the round robin of concurrent small operations over tied rails starts next
+    /// (see `Session::small_op_rail`).
+    small_rr: usize,
     frontier: u64,
     cur: Option<TargetOp>,
     recvs: VecDeque<PostedRecv>,
@@ -143,6 +146,7 @@ impl Session {
             tx_resp: VecDeque::new(),
             prefer_resp: false,
             lone: None,
+            small_rr: 0,
             frontier: 0,
             cur: None,
             recvs: VecDeque::new(),

@@ -104,7 +104,8 @@ impl Session {
                 || (!self.retx.is_empty() && self.data_allowed(rail))
                 || ((!self.tx_req.is_empty() || !self.tx_resp.is_empty())
                     && self.data_allowed(rail)
-                    && !self.leaves_lone_share(rail)))
+                    && !self.leaves_lone_share(rail)
+                    && self.small_op_rail().is_none_or(|r| r == rail)))
     }
 
     /// The next frame to write on `rail`, if any. The driver writes it completely (in as many
@@ -126,7 +127,11 @@ impl Session {
             } else if (!self.tx_req.is_empty() || !self.tx_resp.is_empty())
                 && self.data_allowed(rail)
                 && !self.leaves_lone_share(rail)
+                && self.small_op_rail().is_none_or(|r| r == rail)
             {
+                if self.next_data_is_concurrent_small_op() {
+                    self.small_rr = (rail + 1) % self.rails.len();
+                }
                 let resp_first = self.prefer_resp || self.tx_req.is_empty();
                 self.prefer_resp = !self.prefer_resp;
                 let lone = self.lone_op();
