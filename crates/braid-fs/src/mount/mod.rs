@@ -19,6 +19,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod dirview;
 mod fs;
 mod known;
 mod pool;
@@ -109,6 +110,7 @@ pub struct Mount {
     thread: Option<JoinHandle<std::io::Result<()>>>,
     /// The FUSE connection's number (`/sys/fs/fuse/connections/<n>`).
     conn: Option<u32>,
+    shared: std::sync::Arc<shared::Shared>,
 }
 
 impl std::fmt::Debug for Mount {
@@ -168,6 +170,7 @@ pub fn mount(client: Client, cfg: MountConfig) -> Result<Mount, MountError> {
         unmounter: Some(unmounter),
         thread: Some(thread),
         conn,
+        shared,
     })
 }
 
@@ -182,6 +185,14 @@ impl Mount {
     /// Where it is mounted.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// Lookups answered "no such name" from a view of the directory, without the server
+    /// (see docs/FS.md, "Names known absent").
+    pub fn lookups_answered_absent(&self) -> u64 {
+        self.shared
+            .absent_from_views
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// False once the session ended (unmounted, also from outside with `umount`).
