@@ -1,6 +1,8 @@
-//! The mount's directory views (names known absent without asking the server): this
-//! client's own changes are never hidden, and another client's new names show within the
-//! entry timeout. Skips (saying why) where /dev/fuse or root is missing.
+//! The mount's shortcuts for metadata-heavy loops keep the promised consistency: directory
+//! views (names known absent without asking the server) never hide this client's own
+//! changes, and another client's new names show within the entry timeout; small writes
+//! acknowledged before the server's reply are on the server when `close` returns, or
+//! `close` reports the failure. Skips (saying why) where /dev/fuse or root is missing.
 
 mod common;
 
@@ -177,4 +179,52 @@ fn other_clients_names_show_within_the_entry_timeout() {
     // The view did answer for the other client's fresh names (each looked up within
     // milliseconds of a view answering, so only stalls of 400 ms could let all 5 through).
     assert!(hidden > 0, "the view never hid a fresh name");
+}
+
+/// A small write is acknowledged before the server has it; `close` waits for it: the server
+/// has the byte after `close` returns, and when the server goes away first, `close` (not a
+/// later read) reports it.
+#[test]
+fn small_writes_are_on_the_server_at_close_or_close_fails() {
+    require_fuse!();
+    let mut lb = Loopback::new(1);
+    let m = lb.mount("m", |c| c.attr_timeout = Duration::from_secs(30));
+    let (root, exp) = (m.mountpoint().to_path_buf(), lb.export());
+    for i in 0..100 {
+        let p = root.join(format!("s{i}"));
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&p)
+            .unwrap();
+        f.write_all(&[i as u8]).unwrap();
+        f.write_all(b"yz").unwrap();
+        drop(f);
+        // Read on the server's disk right after close, not through the mount.
+        assert_eq!(
+            fs::read(exp.join(format!("s{i}"))).unwrap(),
+            [i as u8, b'y', b'z']
+        );
+        assert_eq!(fs::metadata(&p).unwrap().len(), 3);
+    }
+    let p = root.join("last");
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&p)
+        .unwrap();
+    f.write_all(b"x").unwrap();
+    lb.server.take().unwrap().shutdown();
+    // Dropping a File ignores close's error: close the descriptor by hand.
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+    // SAFETY: fd is an open descriptor this test owns and closes once.
+    let rc = unsafe { libc::close(fd) };
+    let on_server = fs::read(exp.join("last")).unwrap();
+    if rc == 0 {
+        assert_eq!(on_server, b"x", "close succeeded: the byte must be there");
+    } else {
+        let e = std::io::Error::last_os_error();
+        assert!(matches!(errno(&e), libc::EIO | libc::ENOTCONN), "{e:?}");
+    }
+    m.unmount().unwrap();
 }
