@@ -69,9 +69,9 @@ pub struct MountArgs {
     /// Microseconds the completion thread busy-polls before sleeping.
     #[arg(long, default_value_t = 20)]
     poll_spin_us: u64,
-    /// Microseconds a thread that sent a kernel request to the server busy-polls for the
-    /// reply before leaving it to the completion thread (0: never).
-    #[arg(long, default_value_t = 0)]
+    /// Microseconds a thread that sent a kernel request to the server polls for the reply
+    /// (yielding the CPU between polls) before leaving it to the completion thread (0: never).
+    #[arg(long, default_value_t = 300)]
     reply_spin_us: u64,
     /// Threads reading /dev/fuse.
     #[arg(long, default_value_t = 2)]

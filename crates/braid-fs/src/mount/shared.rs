@@ -245,7 +245,9 @@ impl Shared {
     /// Polls for completions on the calling thread until `done` is set, for up to
     /// [`Shared::spin`].
     pub(crate) fn help(&self, done: &AtomicBool) {
-        self.client.help_until(done, self.spin);
+        // Yielding between polls: a pure spin kept the server (on a 2-core host, often the
+        // same machine) from the CPU and made the loop slower under load (docs/FS-BENCH.md).
+        self.client.help_until_with(done, self.spin, true);
     }
 
     /// Answers the kernel with the entry of a reply to a request sent at `epoch`.
