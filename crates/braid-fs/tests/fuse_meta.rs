@@ -62,6 +62,9 @@ fn own_changes_are_never_hidden_by_a_view() {
     let d = root.join("d");
     for round in 0..3 {
         miss_names(&m, &d, &format!("r{round}"));
+        // A name too long is an error, not an absent name (pjdfstest's enametoolong tests).
+        let long = d.join("n".repeat(256));
+        assert_eq!(errno(&fs::metadata(&long).unwrap_err()), libc::ENAMETOOLONG);
         // The metadata loop's pattern, with the kernel's cached names expiring between
         // steps only where the view has to answer.
         for i in 0..200 {

@@ -123,9 +123,10 @@ impl Shared {
     /// Whether `name` in `dir` is known not to exist (removed by this client, or missing
     /// from a valid view of the directory); a view answering lookups is relisted in the
     /// background once past half its life.
-    /// Nothing is known once the server is gone: lookups then report that.
     pub(crate) fn is_absent(self: &Arc<Self>, dir: u64, name: &[u8]) -> bool {
-        if !self.client.is_connected() {
+        // A name too long is the caller's error (ENAMETOOLONG, answered by the request
+        // path), not an absent name; and nothing is known once the server is gone.
+        if name.len() > crate::proto::MAX_NAME || !self.client.is_connected() {
             return false;
         }
         if self.known.is_absent(dir, name) {
