@@ -55,6 +55,7 @@ fn own_changes_are_never_hidden_by_a_view() {
     let m = lb.mount("m", |c| {
         c.attr_timeout = Duration::from_secs(30);
         c.entry_timeout = Duration::from_millis(500);
+        c.negative_timeout = Duration::from_millis(500);
     });
     let root = m.mountpoint().to_path_buf();
     let exp = lb.export();
@@ -142,6 +143,7 @@ fn other_clients_names_show_within_the_entry_timeout() {
     let a = lb.mount("a", |c| {
         c.attr_timeout = Duration::from_secs(30);
         c.entry_timeout = ttl;
+        c.negative_timeout = ttl;
     });
     let b = lb.mount("b", |c| c.entry_timeout = ttl);
     let (ra, rb, exp) = (a.mountpoint(), b.mountpoint(), lb.export());
@@ -182,6 +184,23 @@ fn other_clients_names_show_within_the_entry_timeout() {
     // The view did answer for the other client's fresh names (each looked up within
     // milliseconds of a view answering, so only stalls of 400 ms could let all 5 through).
     assert!(hidden > 0, "the view never hid a fresh name");
+}
+
+/// Without a negative timeout (the default) no view answers: another client's new name
+/// is seen by the next lookup here, at once.
+#[test]
+fn by_default_other_clients_names_show_at_once() {
+    require_fuse!();
+    let lb = Loopback::new(1);
+    let a = lb.mount("a", |_| {});
+    let b = lb.mount("b", |_| {});
+    for i in 0..20 {
+        let p = a.mountpoint().join(format!("n{i}"));
+        assert_eq!(errno(&fs::metadata(&p).unwrap_err()), libc::ENOENT);
+        fs::write(b.mountpoint().join(format!("n{i}")), b"b").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"b");
+    }
+    assert_eq!(a.lookups_answered_absent(), 0);
 }
 
 /// A small write is acknowledged before the server has it; `close` waits for it: the server

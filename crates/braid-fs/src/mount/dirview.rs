@@ -7,9 +7,10 @@
 //! most [`MAX_NAMES`] names), plus every change this client made to the directory since:
 //! a name this client may have created is present from the moment the request is sent, a
 //! name it removed is absent once the server confirmed the removal. A view is trusted for
-//! the entry timeout counted from when its listing was asked for, so a name another client
-//! (or a process on the server) creates shows here at the latest one entry timeout after
-//! it was made: the promise the kernel's own name cache makes (docs/FS.md). Listings run in
+//! the negative timeout (`MountConfig::negative_timeout`; zero, the default, turns views
+//! off) counted from when its listing was asked for, so a name another client (or a
+//! process on the server) creates shows here at the latest one negative timeout after it
+//! was made, even to an `open` (docs/FS.md). Listings run in
 //! the background: the first after the server answered a `LOOKUP` in the directory with
 //! `ENOENT`, then again whenever a view answering lookups is past half its life, so a busy
 //! directory keeps a fresh view and a lookup never waits for a listing.
@@ -68,7 +69,7 @@ pub(crate) struct DirViews {
 }
 
 impl DirViews {
-    /// Views trusted for `ttl` (the entry timeout; zero: no views).
+    /// Views trusted for `ttl` (the negative timeout; zero: no views).
     pub(crate) fn new(ttl: Duration) -> DirViews {
         DirViews {
             ttl,

@@ -76,7 +76,7 @@ impl BraidFs {
                 next: AtomicU64::new(1),
                 seen: Mutex::new(HashMap::new()),
                 known: Known::new(cfg.attr_timeout, cfg.entry_timeout),
-                views: DirViews::new(cfg.entry_timeout),
+                views: DirViews::new(cfg.negative_timeout),
                 absent_from_views: AtomicU64::new(0),
                 spin: cfg.poll_spin,
                 notifier: Mutex::new(None),

@@ -45,6 +45,12 @@ pub struct MountConfig {
     pub attr_timeout: Duration,
     /// How long the kernel trusts cached names (default 1 s).
     pub entry_timeout: Duration,
+    /// How long a name missing from a complete listing of its directory is answered "no
+    /// such name" without the server (default zero: never; see `docs/FS.md`, "Names known
+    /// absent from a view"). With it, a name another client makes may stay hidden here
+    /// that long, even from an `open`; without it, only names this client removed are
+    /// known absent (for the entry timeout).
+    pub negative_timeout: Duration,
     /// `fsync` on the server at every close, not only at `fsync` (default off).
     pub sync_on_close: bool,
     /// Registered 1 MiB buffers for reads and writes in flight (default 64).
@@ -74,6 +80,7 @@ impl MountConfig {
             mountpoint: mountpoint.into(),
             attr_timeout: Duration::from_secs(1),
             entry_timeout: Duration::from_secs(1),
+            negative_timeout: Duration::ZERO,
             sync_on_close: false,
             buffers: 64,
             readahead_kib: 8192,
