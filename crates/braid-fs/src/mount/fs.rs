@@ -1,6 +1,8 @@
-//! The FUSE file system: each kernel request becomes an RPC or a one-sided operation, and
-//! the reply to the kernel is sent from the client's completion thread, so the threads that
-//! read `/dev/fuse` never wait on the network (only, briefly, for a free buffer).
+//! The FUSE file system: each kernel request becomes an RPC or a one-sided operation. The
+//! thread that read the request polls for the reply for a short while
+//! (`MountConfig::poll_spin`) and answers the kernel itself when it comes in time; a later
+//! reply is answered from the client's completion thread, so the threads that read
+//! `/dev/fuse` never wait long on the network (nor, beyond that, for a free buffer).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
