@@ -516,35 +516,8 @@ impl Filesystem for BraidFs {
         let end = offset.saturating_add(data.len() as u64);
         if data.len() <= INLINE_GROWTH_MAX && end > h.state.size() && h.state.begin_request_write()
         {
-            // A small write that grows a file with nothing else in flight: one request
-            // carries it, acknowledged now (as one-sided writes are once copied); the next
-            // flush, fsync, close, stat or access of the file waits for it and a failure is
-            // reported by flush, fsync or close.
-            let (sh, state, node) = (s.clone(), h.state.clone(), h.node);
-            let len = data.len();
-            s.known.forget(&[node]);
-            let epoch = s.known.epoch();
-            s.client.call_async(
-                &Request::Write {
-                    fh: h.fh,
-                    offset,
-                    data: data.to_vec(),
-                },
-                move |r| {
-                    let r = match r {
-                        Ok(Reply::Written(n, a)) if n as usize == len => {
-                            sh.known.learn(epoch, node, &a);
-                            Ok(a.size)
-                        }
-                        Ok(Reply::Written(..)) => Err(crate::proto::Errno::EIO),
-                        Ok(_) => Err(crate::proto::Errno::EIO),
-                        Err(e) => Err(e.errno()),
-                    };
-                    state.end_request_write(&sh.client.inner, r);
-                },
-            );
-            reply.written(len as u32);
-            return;
+            s.write_in_background(&h, offset, data);
+            return reply.written(data.len() as u32);
         }
         if data.len() <= INLINE_GROWTH_MAX && end > h.state.size() {
             // A small write that grows the file while others are in flight: one request

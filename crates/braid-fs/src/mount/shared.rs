@@ -203,6 +203,33 @@ impl Shared {
         });
     }
 
+    /// Sends a small write that grows a file with nothing else in flight (begun with
+    /// `FileState::begin_request_write`) inside one request, to be acknowledged at once (as
+    /// one-sided writes are once copied): the next flush, fsync, close, stat or access of
+    /// the file waits for it, and a failure is reported by flush, fsync or close.
+    pub(crate) fn write_in_background(self: &Arc<Self>, h: &Handle, offset: u64, data: &[u8]) {
+        let (s, state, node, len) = (self.clone(), h.state.clone(), h.node, data.len());
+        self.known.forget(&[node]);
+        let epoch = self.known.epoch();
+        let req = Request::Write {
+            fh: h.fh,
+            offset,
+            data: data.to_vec(),
+        };
+        self.client.call_async(&req, move |r| {
+            let r = match r {
+                Ok(Reply::Written(n, a)) if n as usize == len => {
+                    s.known.learn(epoch, node, &a);
+                    Ok(a.size)
+                }
+                // A short write was acknowledged whole: the close reports it.
+                Ok(_) => Err(crate::proto::Errno::EIO),
+                Err(e) => Err(e.errno()),
+            };
+            state.end_request_write(&s.client.inner, r);
+        });
+    }
+
     /// Records what the kernel is told; true if it differs from what it was told before.
     pub(crate) fn note(&self, node: u64, a: &Attr) -> bool {
         let now = (a.size, a.mtime);
