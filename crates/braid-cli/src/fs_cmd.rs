@@ -57,6 +57,11 @@ pub struct MountArgs {
     /// Seconds the kernel caches names.
     #[arg(long, default_value_t = 1.0)]
     entry_timeout: f64,
+    /// Seconds a name missing from a listing of its directory is answered "no such name"
+    /// without asking the server (0: never). Saves the lookup before each create of a new
+    /// name; another client's new name may stay hidden that long, even from an open.
+    #[arg(long, default_value_t = 0.0)]
+    negative_timeout: f64,
     /// fsync on the server at every close (not only at fsync).
     #[arg(long)]
     sync_on_close: bool,
@@ -69,9 +74,9 @@ pub struct MountArgs {
     /// Microseconds the completion thread busy-polls before sleeping.
     #[arg(long, default_value_t = 20)]
     poll_spin_us: u64,
-    /// Microseconds a thread that sent a kernel request to the server busy-polls for the
-    /// reply before leaving it to the completion thread (0: never).
-    #[arg(long, default_value_t = 0)]
+    /// Microseconds a thread that sent a kernel request to the server polls for the reply
+    /// (yielding the CPU between polls) before leaving it to the completion thread (0: never).
+    #[arg(long, default_value_t = 300)]
     reply_spin_us: u64,
     /// Threads reading /dev/fuse.
     #[arg(long, default_value_t = 2)]
@@ -144,6 +149,7 @@ fn mount_cmd(a: &MountArgs) -> Result<()> {
     let mut cfg = MountConfig::new(&a.mountpoint);
     cfg.attr_timeout = timeout(a.attr_timeout, "--attr-timeout")?;
     cfg.entry_timeout = timeout(a.entry_timeout, "--entry-timeout")?;
+    cfg.negative_timeout = timeout(a.negative_timeout, "--negative-timeout")?;
     cfg.sync_on_close = a.sync_on_close;
     cfg.allow_other = a.allow_other;
     cfg.readahead_kib = a.readahead_kib.max(4);

@@ -64,6 +64,9 @@ struct FileInner {
     growing: Option<u64>,
     queue: VecDeque<Queued>,
     writes_in_flight: usize,
+    /// Writes carried inside a request (not one-sided), acknowledged to the application
+    /// before the server's reply: nothing else of this file starts until they are done.
+    request_writes: usize,
     reads_in_flight: usize,
     /// First write error since the last flush.
     error: Option<Errno>,
@@ -74,7 +77,9 @@ struct FileInner {
 
 impl FileInner {
     fn busy_writing(&self) -> bool {
-        self.writes_in_flight > 0 || self.queue.iter().any(|q| matches!(q, Queued::Write(_)))
+        self.writes_in_flight > 0
+            || self.request_writes > 0
+            || self.queue.iter().any(|q| matches!(q, Queued::Write(_)))
     }
 
     fn key_for(&self, end: u64, write: bool) -> Option<RemoteKey> {
@@ -158,6 +163,36 @@ impl FileState {
         (std::mem::take(&mut g.dirty), g.error.take())
     }
 
+    /// Starts a write carried inside a request if nothing else of the file is in flight or
+    /// queued (false: nothing started). Until [`FileState::end_request_write`], reads and
+    /// one-sided writes queue behind it and [`FileState::when_idle`] waits for it.
+    pub(crate) fn begin_request_write(&self) -> bool {
+        let mut g = self.inner.lock();
+        if g.busy_writing() || g.growing.is_some() || g.reads_in_flight > 0 {
+            return false;
+        }
+        g.request_writes += 1;
+        true
+    }
+
+    /// The request write begun with [`FileState::begin_request_write`] ended: with the
+    /// file's size after it, or the error the next flush, fsync or close reports.
+    pub(crate) fn end_request_write(self: &Arc<Self>, c: &Arc<Inner>, r: Result<u64, Errno>) {
+        let mut later = Later::new();
+        {
+            let mut g = self.inner.lock();
+            g.request_writes = g.request_writes.saturating_sub(1);
+            match r {
+                Ok(size) => g.size = g.size.max(size),
+                Err(e) => {
+                    g.error.get_or_insert(e);
+                }
+            }
+            self.drain(&mut g, c, &mut later);
+        }
+        run(later);
+    }
+
     /// Runs `f` once no write of this file is in flight or queued (at once if none is).
     pub(crate) fn when_idle(&self, f: IdleCb) {
         let mut g = self.inner.lock();
@@ -188,7 +223,7 @@ impl FileState {
         let mut later = Later::new();
         {
             let mut g = self.inner.lock();
-            if g.queue.is_empty() {
+            if g.queue.is_empty() && g.request_writes == 0 {
                 self.start_read(&mut g, c, op, &mut later);
             } else {
                 g.queue.push_back(Queued::Read(op));
@@ -219,7 +254,11 @@ impl FileState {
             let mut g = self.inner.lock();
             g.dirty = true;
             let end = op.end();
-            if g.queue.is_empty() && end <= g.size && g.key_for(end, true).is_some() {
+            if g.queue.is_empty()
+                && g.request_writes == 0
+                && end <= g.size
+                && g.key_for(end, true).is_some()
+            {
                 self.start_write(&mut g, c, op, &mut later);
             } else {
                 g.queue.push_back(Queued::Write(op));
@@ -458,6 +497,9 @@ impl FileState {
 
     /// Starts queued operations, in order, while they can start.
     fn drain(self: &Arc<Self>, g: &mut FileInner, c: &Arc<Inner>, later: &mut Later) {
+        if g.request_writes > 0 {
+            return; // its end drains
+        }
         while let Some(front) = g.queue.front() {
             if let Queued::Write(w) = front {
                 let end = w.end();

@@ -387,6 +387,13 @@ impl Client {
     /// the reply is read here as soon as it arrives, instead of waking the progress engine
     /// and then the completion thread. Call it with no lock held that a callback takes.
     pub fn help_until(&self, done: &AtomicBool, spin: Duration) {
+        self.help_until_with(done, spin, false)
+    }
+
+    /// [`Client::help_until`]; with `yielding`, the thread yields the CPU between polls, so
+    /// that on a small host the threads that produce the reply (the progress engine, a
+    /// server on the same machine) are not kept waiting by the poller.
+    pub(crate) fn help_until_with(&self, done: &AtomicBool, spin: Duration, yielding: bool) {
         if spin.is_zero() {
             return;
         }
@@ -404,6 +411,7 @@ impl Client {
             }
             match self.inner.cq.poll() {
                 Some(c) => self.inner.dispatch(c),
+                None if yielding => std::thread::yield_now(),
                 None => std::hint::spin_loop(),
             }
         }

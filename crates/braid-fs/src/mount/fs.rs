@@ -1,6 +1,8 @@
-//! The FUSE file system: each kernel request becomes an RPC or a one-sided operation, and
-//! the reply to the kernel is sent from the client's completion thread, so the threads that
-//! read `/dev/fuse` never wait on the network (only, briefly, for a free buffer).
+//! The FUSE file system: each kernel request becomes an RPC or a one-sided operation. The
+//! thread that read the request polls for the reply for a short while
+//! (`MountConfig::poll_spin`) and answers the kernel itself when it comes in time; a later
+//! reply is answered from the client's completion thread, so the threads that read
+//! `/dev/fuse` never wait long on the network (nor, beyond that, for a free buffer).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -18,6 +20,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use super::MountConfig;
+use super::dirview::DirViews;
 use super::known::Known;
 use super::pool::Pool;
 use super::shared::{DirHandle, Handle, Shared, errno, kind};
@@ -75,6 +78,8 @@ impl BraidFs {
                 next: AtomicU64::new(1),
                 seen: Mutex::new(HashMap::new()),
                 known: Known::new(cfg.attr_timeout, cfg.entry_timeout),
+                views: DirViews::new(cfg.negative_timeout),
+                absent_from_views: AtomicU64::new(0),
                 spin: cfg.poll_spin,
                 notifier: Mutex::new(None),
             }),
@@ -102,7 +107,7 @@ impl BraidFs {
                 if let Reply::Attr(a) = &reply_body {
                     s.known.learn(epoch, parent.0, a);
                 }
-                s.known.removed(parent.0, &name);
+                s.removed(parent.0, &name);
                 reply.ok()
             }
             Err(e) => reply.error(errno(&e)),
@@ -146,7 +151,7 @@ impl Filesystem for BraidFs {
     fn lookup(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let s = self.shared.clone();
         let name = Self::name(name);
-        if s.known.is_absent(parent.0, &name) {
+        if s.is_absent(parent.0, &name) {
             return reply.error(fuser::Errno::ENOENT);
         }
         let epoch = s.known.epoch();
@@ -154,13 +159,19 @@ impl Filesystem for BraidFs {
             parent: s.node(parent),
             name,
         };
-        self.shared
-            .call(&req, move |r| s.reply_entry(reply, epoch, r));
+        self.shared.call(&req, move |r| {
+            // A directory in which new names are looked up: worth a view.
+            if matches!(&r, Err(e) if e.errno() == crate::proto::Errno::ENOENT) {
+                s.refresh_view(parent.0);
+            }
+            s.reply_entry(reply, epoch, r)
+        });
     }
 
     fn forget(&self, _req: &FuseReq, ino: INodeNo, nlookup: u64) {
         if ino != INodeNo::ROOT {
             self.shared.known.drop_node(ino.0);
+            self.shared.views.drop_dir(ino.0);
             let node = self.shared.node(ino);
             self.shared.client.call_async(
                 &Request::Forget {
@@ -284,7 +295,7 @@ impl Filesystem for BraidFs {
         let s = self.shared.clone();
         let name = Self::name(name);
         s.known.forget(&[parent.0]);
-        s.known.named(parent.0, &name);
+        s.named(parent.0, &name);
         let epoch = s.known.epoch();
         let r = Request::Mknod {
             parent: s.node(parent),
@@ -309,7 +320,7 @@ impl Filesystem for BraidFs {
         let s = self.shared.clone();
         let name = Self::name(name);
         s.known.forget(&[parent.0]);
-        s.known.named(parent.0, &name);
+        s.named(parent.0, &name);
         let epoch = s.known.epoch();
         let r = Request::Mkdir {
             parent: s.node(parent),
@@ -346,7 +357,7 @@ impl Filesystem for BraidFs {
         let s = self.shared.clone();
         let name = Self::name(link_name);
         s.known.forget(&[parent.0]);
-        s.known.named(parent.0, &name);
+        s.named(parent.0, &name);
         let epoch = s.known.epoch();
         let r = Request::Symlink {
             parent: s.node(parent),
@@ -368,16 +379,26 @@ impl Filesystem for BraidFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        self.shared.known.forget_all();
-        self.shared.known.named(newparent.0, newname.as_bytes());
+        let s = self.shared.clone();
+        s.known.forget_all();
+        s.named(newparent.0, newname.as_bytes());
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            s.named(parent.0, name.as_bytes());
+        }
+        let name = Self::name(name);
         let r = Request::Rename {
-            parent: self.shared.node(parent),
-            name: Self::name(name),
-            new_parent: self.shared.node(newparent),
+            parent: s.node(parent),
+            name: name.clone(),
+            new_parent: s.node(newparent),
             new_name: Self::name(newname),
             flags: flags.bits(),
         };
-        self.shared.call(&r, move |r| Shared::reply_empty(reply, r));
+        self.shared.call(&r, move |r| {
+            if r.is_ok() && !flags.contains(RenameFlags::RENAME_EXCHANGE) {
+                s.removed(parent.0, &name);
+            }
+            Shared::reply_empty(reply, r)
+        });
     }
 
     fn link(
@@ -390,7 +411,7 @@ impl Filesystem for BraidFs {
     ) {
         let s = self.shared.clone();
         s.known.forget_all();
-        s.known.named(newparent.0, newname.as_bytes());
+        s.named(newparent.0, newname.as_bytes());
         let epoch = s.known.epoch();
         let r = Request::Link {
             node: s.node(ino),
@@ -493,9 +514,14 @@ impl Filesystem for BraidFs {
             return reply.error(fuser::Errno::ENOTCONN);
         }
         let end = offset.saturating_add(data.len() as u64);
+        if data.len() <= INLINE_GROWTH_MAX && end > h.state.size() && h.state.begin_request_write()
+        {
+            s.write_in_background(&h, offset, data);
+            return reply.written(data.len() as u32);
+        }
         if data.len() <= INLINE_GROWTH_MAX && end > h.state.size() {
-            // A small write that grows the file: one request carries it (after this
-            // client's earlier writes, so it lands last).
+            // A small write that grows the file while others are in flight: one request
+            // carries it, after this client's earlier writes, so it lands last.
             let (sh, data, state) = (s.clone(), data.to_vec(), h.state.clone());
             let (srv_fh, node) = (h.fh, h.node);
             let done = Arc::new(AtomicBool::new(false));
@@ -722,7 +748,7 @@ impl Filesystem for BraidFs {
         let s = self.shared.clone();
         let name = Self::name(name);
         s.known.forget(&[parent.0]);
-        s.known.named(parent.0, &name);
+        s.named(parent.0, &name);
         let epoch = s.known.epoch();
         let r = Request::Create {
             parent: s.node(parent),

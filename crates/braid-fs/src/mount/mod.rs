@@ -19,6 +19,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod dirview;
 mod fs;
 mod known;
 mod pool;
@@ -44,6 +45,12 @@ pub struct MountConfig {
     pub attr_timeout: Duration,
     /// How long the kernel trusts cached names (default 1 s).
     pub entry_timeout: Duration,
+    /// How long a name missing from a complete listing of its directory is answered "no
+    /// such name" without the server (default zero: never; see `docs/FS.md`, "Names known
+    /// absent from a view"). With it, a name another client makes may stay hidden here
+    /// that long, even from an `open`; without it, only names this client removed are
+    /// known absent (for the entry timeout).
+    pub negative_timeout: Duration,
     /// `fsync` on the server at every close, not only at `fsync` (default off).
     pub sync_on_close: bool,
     /// Registered 1 MiB buffers for reads and writes in flight (default 64).
@@ -54,10 +61,11 @@ pub struct MountConfig {
     /// Threads reading `/dev/fuse` (default 2).
     pub threads: usize,
     /// How long a thread that read a request from `/dev/fuse` and sent it to the server
-    /// busy-polls for the reply before leaving it to the client's completion thread
-    /// (default zero: never). A reply read there reaches the kernel without waking the
-    /// progress engine and the completion thread, but on a loaded 2-core host the spinning
-    /// thread slowed the metadata loop down (docs/FS-BENCH.md), so it is off by default.
+    /// polls for the reply before leaving it to the client's completion thread (default
+    /// 300 µs; zero: never). A reply read there reaches the kernel without waking the
+    /// progress engine and the completion thread. The thread yields the CPU between polls:
+    /// a pure spin slowed the metadata loop down on a loaded 2-core host, the yielding poll
+    /// made it 1.4-1.5x faster (docs/FS-BENCH.md).
     pub poll_spin: Duration,
     /// Let other users access the mount (`allow_other`).
     pub allow_other: bool,
@@ -72,11 +80,12 @@ impl MountConfig {
             mountpoint: mountpoint.into(),
             attr_timeout: Duration::from_secs(1),
             entry_timeout: Duration::from_secs(1),
+            negative_timeout: Duration::ZERO,
             sync_on_close: false,
             buffers: 64,
             readahead_kib: 8192,
             threads: 2,
-            poll_spin: Duration::ZERO,
+            poll_spin: Duration::from_micros(300),
             allow_other: false,
             fsname: "braid-fs".into(),
         }
@@ -109,6 +118,7 @@ pub struct Mount {
     thread: Option<JoinHandle<std::io::Result<()>>>,
     /// The FUSE connection's number (`/sys/fs/fuse/connections/<n>`).
     conn: Option<u32>,
+    shared: std::sync::Arc<shared::Shared>,
 }
 
 impl std::fmt::Debug for Mount {
@@ -168,6 +178,7 @@ pub fn mount(client: Client, cfg: MountConfig) -> Result<Mount, MountError> {
         unmounter: Some(unmounter),
         thread: Some(thread),
         conn,
+        shared,
     })
 }
 
@@ -182,6 +193,14 @@ impl Mount {
     /// Where it is mounted.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// Lookups answered "no such name" from a view of the directory, without the server
+    /// (see docs/FS.md, "Names known absent").
+    pub fn lookups_answered_absent(&self) -> u64 {
+        self.shared
+            .absent_from_views
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// False once the session ended (unmounted, also from outside with `umount`).

@@ -2,10 +2,10 @@
 //! kernel was told, the attributes known without asking (see [`super::known`]), and the
 //! conversion of replies into the kernel's.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fuser::{
     FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyEmpty,
@@ -13,6 +13,7 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
+use super::dirview::{Answer, DirViews, MAX_NAMES};
 use super::known::Known;
 use super::pool::Pool;
 use crate::client::{Client, Error, FileState};
@@ -102,6 +103,10 @@ pub(crate) struct Shared {
     pub(crate) seen: Mutex<HashMap<u64, (u64, Timestamp)>>,
     /// Attributes and absent names known without asking.
     pub(crate) known: Known,
+    /// Complete views of small directories (absent names known without asking).
+    pub(crate) views: DirViews,
+    /// Lookups answered `ENOENT` from a view.
+    pub(crate) absent_from_views: AtomicU64,
     /// How long a thread that sent a request polls for its reply (see [`Shared::call`]).
     pub(crate) spin: Duration,
     pub(crate) notifier: Mutex<Option<fuser::Notifier>>,
@@ -113,6 +118,116 @@ impl Shared {
             id: ino.0,
             generation: self.generation,
         }
+    }
+
+    /// Whether `name` in `dir` is known not to exist (removed by this client, or missing
+    /// from a valid view of the directory); a view answering lookups is relisted in the
+    /// background once past half its life.
+    pub(crate) fn is_absent(self: &Arc<Self>, dir: u64, name: &[u8]) -> bool {
+        // A name too long is the caller's error (ENAMETOOLONG, answered by the request
+        // path), not an absent name; and nothing is known once the server is gone.
+        if name.len() > crate::proto::MAX_NAME || !self.client.is_connected() {
+            return false;
+        }
+        if self.known.is_absent(dir, name) {
+            return true;
+        }
+        let absent = self.views.lookup(dir, name, Instant::now()) == Answer::Absent;
+        if absent {
+            self.absent_from_views.fetch_add(1, Ordering::Relaxed);
+            self.refresh_view(dir);
+        }
+        absent
+    }
+
+    /// This client is about to ask the server to make `name` in `dir`.
+    pub(crate) fn named(&self, dir: u64, name: &[u8]) {
+        self.known.named(dir, name);
+        self.views.named(dir, name);
+    }
+
+    /// The server removed `name` from `dir` at this client's request.
+    pub(crate) fn removed(&self, dir: u64, name: &[u8]) {
+        self.known.removed(dir, name);
+        self.views.removed(dir, name);
+    }
+
+    /// Lists `dir` in the background into a view, if it needs one (see
+    /// [`DirViews::start_listing`]).
+    pub(crate) fn refresh_view(self: &Arc<Self>, dir: u64) {
+        let started = Instant::now();
+        let Some(id) = self.views.start_listing(dir, started) else {
+            return;
+        };
+        let s = self.clone();
+        let node = self.node(INodeNo(dir));
+        self.client
+            .call_async(&Request::OpenDir { node }, move |r| match r {
+                Ok(Reply::Handle(dh)) => s.list_from(dir, id, started, dh, 0, HashSet::new()),
+                _ => s.views.listed(dir, id, started, None, Instant::now()),
+            });
+    }
+
+    /// Reads the listing `id` of `dir` on from `offset` (`names`: what came so far).
+    fn list_from(
+        self: Arc<Self>,
+        dir: u64,
+        id: u64,
+        started: Instant,
+        dh: u64,
+        offset: u64,
+        mut names: HashSet<Vec<u8>>,
+    ) {
+        let s = self.clone();
+        let req = Request::ReadDir {
+            dh,
+            offset,
+            max_bytes: 32 * 1024,
+        };
+        self.client.call_async(&req, move |r| {
+            let complete = match r {
+                Ok(Reply::Dir(entries, eof)) => {
+                    let next = entries.last().map(|e| e.next_offset);
+                    names.extend(entries.into_iter().map(|e| e.name));
+                    match next {
+                        _ if names.len() > MAX_NAMES => None,
+                        _ if eof => Some(names),
+                        Some(next) => return s.list_from(dir, id, started, dh, next, names),
+                        None => None, // no progress: give up rather than loop
+                    }
+                }
+                _ => None,
+            };
+            s.client.call_async(&Request::ReleaseDir { dh }, |_| {});
+            s.views.listed(dir, id, started, complete, Instant::now());
+        });
+    }
+
+    /// Sends a small write that grows a file with nothing else in flight (begun with
+    /// `FileState::begin_request_write`) inside one request, to be acknowledged at once (as
+    /// one-sided writes are once copied): the next flush, fsync, close, stat or access of
+    /// the file waits for it, and a failure is reported by flush, fsync or close.
+    pub(crate) fn write_in_background(self: &Arc<Self>, h: &Handle, offset: u64, data: &[u8]) {
+        let (s, state, node, len) = (self.clone(), h.state.clone(), h.node, data.len());
+        self.known.forget(&[node]);
+        let epoch = self.known.epoch();
+        let req = Request::Write {
+            fh: h.fh,
+            offset,
+            data: data.to_vec(),
+        };
+        self.client.call_async(&req, move |r| {
+            let r = match r {
+                Ok(Reply::Written(n, a)) if n as usize == len => {
+                    s.known.learn(epoch, node, &a);
+                    Ok(a.size)
+                }
+                // A short write was acknowledged whole: the close reports it.
+                Ok(_) => Err(crate::proto::Errno::EIO),
+                Err(e) => Err(e.errno()),
+            };
+            state.end_request_write(&s.client.inner, r);
+        });
     }
 
     /// Records what the kernel is told; true if it differs from what it was told before.
@@ -158,7 +273,9 @@ impl Shared {
     /// Polls for completions on the calling thread until `done` is set, for up to
     /// [`Shared::spin`].
     pub(crate) fn help(&self, done: &AtomicBool) {
-        self.client.help_until(done, self.spin);
+        // Yielding between polls: a pure spin kept the server (on a 2-core host, often the
+        // same machine) from the CPU and made the loop slower under load (docs/FS-BENCH.md).
+        self.client.help_until_with(done, self.spin, true);
     }
 
     /// Answers the kernel with the entry of a reply to a request sent at `epoch`.
