@@ -59,6 +59,12 @@ pub struct MountConfig {
     /// progress engine and the completion thread, but on a loaded 2-core host the spinning
     /// thread slowed the metadata loop down (docs/FS-BENCH.md), so it is off by default.
     pub poll_spin: Duration,
+    /// Files opened write-only bypass the client's page cache (`FOPEN_DIRECT_IO`, default
+    /// on): the kernel hands the writer's own pages to the mount instead of first copying
+    /// them into its page cache, which a write-only descriptor can never read back or map.
+    /// The kernel still drops cached pages of the ranges written, so readers on this host
+    /// never see stale data; off, writes go through the page cache as for other opens.
+    pub direct_writes: bool,
     /// Let other users access the mount (`allow_other`).
     pub allow_other: bool,
     /// The source shown in `/proc/mounts`.
@@ -77,6 +83,7 @@ impl MountConfig {
             readahead_kib: 8192,
             threads: 2,
             poll_spin: Duration::ZERO,
+            direct_writes: true,
             allow_other: false,
             fsname: "braid-fs".into(),
         }
