@@ -514,3 +514,30 @@ fn server_gone_gives_errors_and_unmounts() {
     m.unmount().unwrap();
     assert!(t1.elapsed() < Duration::from_secs(15));
 }
+
+/// Unmounting while a file is still open there: the mount is detached at once (the name is
+/// free, as `umount -l`), the FUSE connection is aborted after the bounded wait, and the
+/// open file's later operations fail instead of hanging.
+#[test]
+fn unmount_with_a_file_open_detaches_the_mount() {
+    require_fuse!();
+    let lb = Loopback::new(1);
+    let m = lb.mount("mnt", |_| {});
+    let at = m.mountpoint().to_path_buf();
+    fs::write(at.join("f"), b"still open").unwrap();
+    let open = File::open(at.join("f")).unwrap();
+    let mounted = || {
+        fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == at.to_str())
+    };
+    assert!(mounted());
+    let t0 = Instant::now();
+    m.unmount().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    assert!(!mounted(), "still mounted with a file open");
+    let mut buf = [0u8; 4];
+    let e = open.read_at(&mut buf, 4096).unwrap_err();
+    assert!(matches!(errno(&e), libc::ENOTCONN | libc::EIO), "{e:?}");
+}

@@ -30,6 +30,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fuser::{Config, MountOption, SessionACL};
+use rustix::mount::UnmountFlags;
 
 use crate::client::Client;
 use fs::BraidFs;
@@ -196,9 +197,9 @@ impl Mount {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
-    /// Unmounts: detaches the mount, then waits up to 5 s for the session to end; if files
-    /// are still open on it, aborts the FUSE connection (their operations fail with
-    /// `ENOTCONN`) and waits up to 5 s more.
+    /// Unmounts: unmounts (lazily, `MNT_DETACH`, when the mount is busy), then waits up to
+    /// 5 s for the session to end; if files are still open on it, aborts the FUSE
+    /// connection (their operations fail with `ENOTCONN`) and waits up to 5 s more.
     pub fn unmount(mut self) -> std::io::Result<()> {
         self.stop()
     }
@@ -210,7 +211,16 @@ impl Mount {
         if let Some(mut u) = self.unmounter.take()
             && let Err(e) = u.unmount()
         {
-            tracing::warn!("unmounting {}: {e}", self.mountpoint.display());
+            // Busy (a file still open there, or a process's working directory): detach it
+            // all the same, so the name is free at once; the session ends when the last
+            // user lets go, or at the abort below.
+            tracing::warn!(
+                "unmounting {}: {e}; detaching it",
+                self.mountpoint.display()
+            );
+            if let Err(e) = rustix::mount::unmount(&self.mountpoint, UnmountFlags::DETACH) {
+                tracing::warn!("detaching {}: {e}", self.mountpoint.display());
+            }
         }
         if !wait_finished(&thread, Duration::from_secs(5)) {
             if let Some(n) = self.conn {
