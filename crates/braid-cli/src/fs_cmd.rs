@@ -81,6 +81,10 @@ pub struct MountArgs {
     /// Threads reading /dev/fuse.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Write-only opens go through the kernel's page cache too (by default they bypass it
+    /// with FOPEN_DIRECT_IO, saving a copy of every byte written).
+    #[arg(long)]
+    cached_writes: bool,
     /// Where to mount.
     mountpoint: PathBuf,
 }
@@ -154,6 +158,7 @@ fn mount_cmd(a: &MountArgs) -> Result<()> {
     cfg.allow_other = a.allow_other;
     cfg.readahead_kib = a.readahead_kib.max(4);
     cfg.threads = a.threads.clamp(1, 64);
+    cfg.direct_writes = !a.cached_writes;
     cfg.poll_spin = Duration::from_micros(a.reply_spin_us.min(100_000));
     cfg.fsname = format!("braid-fs:{}", a.rails[0].remote);
     let m = mount(client, cfg)?;

@@ -399,6 +399,77 @@ fn permissions_for_other_users() {
     assert_eq!((md.uid(), md.gid()), (65534, 65534));
 }
 
+/// Write-only opens bypass the kernel's page cache (`FOPEN_DIRECT_IO`): a reader on the same
+/// mount with the file's pages cached sees what a write-only descriptor wrote over them and
+/// past the end, and an append by a user without `CAP_FSETID` clears the set-user-ID and
+/// set-group-ID bits (root's does not), as the kernel's cached path does. The same with
+/// `direct_writes` off.
+#[test]
+fn write_only_opens_stay_coherent_and_clear_setuid() {
+    require_fuse!();
+    for direct in [true, false] {
+        let lb = Loopback::new(1);
+        let m = lb.mount("mnt", |c| {
+            c.direct_writes = direct;
+            c.allow_other = true;
+            c.attr_timeout = Duration::from_secs(30);
+        });
+        let root = m.mountpoint();
+        let p = root.join("f");
+        let old = pattern(64 << 10, 1);
+        fs::write(&p, &old).unwrap();
+        let reader = File::open(&p).unwrap();
+        let mut got = vec![0u8; old.len()];
+        reader.read_exact_at(&mut got, 0).unwrap();
+        assert_eq!(got, old, "direct {direct}");
+        // Over cached pages, and past the end.
+        let w = OpenOptions::new().write(true).open(&p).unwrap();
+        w.write_all_at(b"NEW BYTES", 4096).unwrap();
+        w.write_all_at(b"TAIL", old.len() as u64 + 10).unwrap();
+        let mut mid = [0u8; 9];
+        reader.read_exact_at(&mut mid, 4096).unwrap();
+        assert_eq!(&mid, b"NEW BYTES", "direct {direct}");
+        assert_eq!(reader.metadata().unwrap().len(), old.len() as u64 + 14);
+        let mut tail = [0u8; 14];
+        reader.read_exact_at(&mut tail, old.len() as u64).unwrap();
+        assert_eq!(&tail, b"\0\0\0\0\0\0\0\0\0\0TAIL", "direct {direct}");
+        w.sync_all().unwrap();
+        drop(w);
+        let on_server = fs::read(lb.export().join("f")).unwrap();
+        assert_eq!(&on_server[4096..4105], b"NEW BYTES");
+        assert_eq!(&on_server[old.len() + 10..], b"TAIL");
+
+        fs::set_permissions(root, fs::Permissions::from_mode(0o755)).unwrap();
+        let s = root.join("setid");
+        fs::write(&s, b"x").unwrap();
+        fs::set_permissions(&s, fs::Permissions::from_mode(0o6777)).unwrap();
+        // root may write and keep the bits.
+        OpenOptions::new()
+            .append(true)
+            .open(&s)
+            .unwrap()
+            .write_all(b"r")
+            .unwrap();
+        assert_eq!(fs::metadata(&s).unwrap().mode() & 0o7777, 0o6777);
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf y >> '{}'", s.display()))
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "direct {direct}: {out:?}");
+        let server_mode = fs::metadata(lb.export().join("setid")).unwrap().mode();
+        assert_eq!(server_mode & 0o7777, 0o777, "direct {direct}");
+        assert_eq!(
+            fs::metadata(&s).unwrap().mode() & 0o7777,
+            0o777,
+            "direct {direct}"
+        );
+        assert_eq!(fs::read(&s).unwrap(), b"xry");
+    }
+}
+
 /// The server goes away while a file is written: the writer gets EIO or ENOTCONN within a
 /// bound, later operations fail, and the mount can be unmounted.
 #[test]
@@ -442,4 +513,31 @@ fn server_gone_gives_errors_and_unmounts() {
     let t1 = Instant::now();
     m.unmount().unwrap();
     assert!(t1.elapsed() < Duration::from_secs(15));
+}
+
+/// Unmounting while a file is still open there: the mount is detached at once (the name is
+/// free, as `umount -l`), the FUSE connection is aborted after the bounded wait, and the
+/// open file's later operations fail instead of hanging.
+#[test]
+fn unmount_with_a_file_open_detaches_the_mount() {
+    require_fuse!();
+    let lb = Loopback::new(1);
+    let m = lb.mount("mnt", |_| {});
+    let at = m.mountpoint().to_path_buf();
+    fs::write(at.join("f"), b"still open").unwrap();
+    let open = File::open(at.join("f")).unwrap();
+    let mounted = || {
+        fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == at.to_str())
+    };
+    assert!(mounted());
+    let t0 = Instant::now();
+    m.unmount().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    assert!(!mounted(), "still mounted with a file open");
+    let mut buf = [0u8; 4];
+    let e = open.read_at(&mut buf, 4096).unwrap_err();
+    assert!(matches!(errno(&e), libc::ENOTCONN | libc::EIO), "{e:?}");
 }

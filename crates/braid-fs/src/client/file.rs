@@ -56,8 +56,11 @@ enum Queued {
 
 #[derive(Default)]
 struct FileInner {
-    /// The newest registration of the file's pages this client knows.
-    region: Option<RegionInfo>,
+    /// The newest registrations of the file's pages this client knows, read-write and
+    /// read-only: the server registers the two kinds apart (with one generation count),
+    /// and a writer needs a writable key even when a reader's key is newer.
+    rw: Option<RegionInfo>,
+    ro: Option<RegionInfo>,
     /// The file's size as this client knows it.
     size: u64,
     /// The size asked for by a `MapRegion` in flight.
@@ -83,19 +86,31 @@ impl FileInner {
     }
 
     fn key_for(&self, end: u64, write: bool) -> Option<RemoteKey> {
-        self.region
-            .filter(|r| r.len >= end && (r.writable || !write))
-            .map(|r| r.remote_key())
+        let fits = |r: &&RegionInfo| r.len >= end;
+        let rw = self.rw.as_ref().filter(fits);
+        let key = if write {
+            rw
+        } else {
+            // The newer of the two, as when one registration was known.
+            match (rw, self.ro.as_ref().filter(fits)) {
+                (Some(a), Some(b)) => Some(if a.generation >= b.generation { a } else { b }),
+                (a, b) => a.or(b),
+            }
+        };
+        key.map(|r| r.remote_key())
     }
 
     fn learn(&mut self, size: u64, region: Option<RegionInfo>) {
         self.size = self.size.max(size);
-        if let Some(r) = region
-            && self
-                .region
-                .is_none_or(|old| r.generation >= old.generation || r.len > old.len)
-        {
-            self.region = Some(r);
+        if let Some(r) = region {
+            let slot = if r.writable {
+                &mut self.rw
+            } else {
+                &mut self.ro
+            };
+            if slot.is_none_or(|old| r.generation >= old.generation || r.len > old.len) {
+                *slot = Some(r);
+            }
         }
     }
 }
@@ -532,5 +547,49 @@ impl FileState {
             }
         }
         later.extend(std::mem::take(&mut g.idle));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(key: u64, generation: u64, writable: bool) -> RegionInfo {
+        RegionInfo {
+            key,
+            len: 1 << 20,
+            generation,
+            writable,
+        }
+    }
+
+    /// A reader's open made a read-only registration after the read-write one a writer of
+    /// this client still uses (the server keeps both): writes keep the writable key, reads
+    /// take the newer. With one slot the writer lost its key for good and grew the file
+    /// in a loop of `MapRegion`s that kept returning the older writable key.
+    #[test]
+    fn a_newer_read_only_registration_leaves_writes_their_writable_key() {
+        let mut f = FileInner::default();
+        f.learn(65536, Some(reg(1, 1, true)));
+        f.learn(65536, Some(reg(2, 2, false)));
+        assert_eq!(f.key_for(4096, true).map(|k| k.key), Some(1));
+        assert_eq!(f.key_for(4096, false).map(|k| k.key), Some(2));
+        // Learning the older writable one again (a MapRegion's reply) changes nothing.
+        f.learn(65536, Some(reg(1, 1, true)));
+        assert_eq!(f.key_for(4096, true).map(|k| k.key), Some(1));
+        // A newer writable registration replaces it, and serves reads too.
+        f.learn(65536, Some(reg(3, 3, true)));
+        assert_eq!(f.key_for(4096, true).map(|k| k.key), Some(3));
+        assert_eq!(f.key_for(4096, false).map(|k| k.key), Some(3));
+        // Nothing covers a range past every registration.
+        assert!(f.key_for((1 << 20) + 1, false).is_none());
+    }
+
+    #[test]
+    fn without_a_writable_registration_writes_have_no_key() {
+        let mut f = FileInner::default();
+        f.learn(10, Some(reg(7, 1, false)));
+        assert!(f.key_for(10, true).is_none());
+        assert_eq!(f.key_for(10, false).map(|k| k.key), Some(7));
     }
 }

@@ -72,6 +72,7 @@ impl BraidFs {
                 attr_ttl: cfg.attr_timeout,
                 entry_ttl: cfg.entry_timeout,
                 sync_on_close: cfg.sync_on_close,
+                direct_writes: cfg.direct_writes,
                 pool: Arc::new(pool),
                 handles: Mutex::new(HashMap::new()),
                 dirs: Mutex::new(HashMap::new()),
@@ -258,6 +259,9 @@ impl Filesystem for BraidFs {
                         if let (Some(st), Ok(Reply::Attr(a)), Some(_)) = (&state, &r, size) {
                             st.set_size(a.size);
                         }
+                        if let (Ok(Reply::Attr(a)), Some(_)) = (&r, mode) {
+                            s2.note_mode(node.id, a.mode);
+                        }
                         s2.reply_attr(reply, node.id, epoch, r)
                     },
                     d,
@@ -426,6 +430,7 @@ impl Filesystem for BraidFs {
         let s = self.shared.clone();
         let node = s.node(ino);
         let f = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_APPEND);
+        let direct = s.direct(f);
         if f & libc::O_TRUNC != 0 {
             s.known.forget(&[node.id]);
         }
@@ -440,12 +445,8 @@ impl Filesystem for BraidFs {
                     s.known.learn(epoch, node.id, &o.attr);
                     let state = s.client.inner.file_state(node);
                     state.opened(o.attr.size, o.region);
-                    let fopen = s.open_flags(node.id, &o.attr);
-                    let fh = s.add_handle(Handle {
-                        fh: o.fh,
-                        node: node.id,
-                        state,
-                    });
+                    let fopen = s.open_flags(node.id, &o.attr, direct);
+                    let fh = s.add_handle(Handle::new(o.fh, node.id, state, direct, o.attr.mode));
                     reply.opened(fh, fopen);
                 }
                 Ok(_) => reply.error(fuser::Errno::EIO),
@@ -496,7 +497,7 @@ impl Filesystem for BraidFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _wf: WriteFlags,
+        wf: WriteFlags,
         _flags: OpenFlags,
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
@@ -505,6 +506,12 @@ impl Filesystem for BraidFs {
         let Some(h) = s.handle(fh) else {
             return reply.error(fuser::Errno::EBADF);
         };
+        if h.direct
+            && wf.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
+            && let Err(e) = s.kill_privs(&h)
+        {
+            return reply.error(errno(&e));
+        }
         // After a failed write (or with the server gone) later writes fail at once, as a
         // local file system's do after a write-back error, rather than queue up.
         if let Some(e) = h.state.write_error() {
@@ -765,18 +772,14 @@ impl Filesystem for BraidFs {
                 let state = s.client.inner.file_state(e.node);
                 state.opened(o.attr.size, o.region);
                 let fa = s.attr(e.node.id, &e.attr);
-                let fh = s.add_handle(Handle {
-                    fh: o.fh,
-                    node: e.node.id,
-                    state,
-                });
-                reply.created(
-                    &s.attr_ttl,
-                    &fa,
-                    Generation(e.node.generation),
-                    fh,
-                    FopenFlags::empty(),
-                );
+                let direct = s.direct(flags);
+                let fh = s.add_handle(Handle::new(o.fh, e.node.id, state, direct, e.attr.mode));
+                let fopen = if direct {
+                    FopenFlags::FOPEN_DIRECT_IO
+                } else {
+                    FopenFlags::empty()
+                };
+                reply.created(&s.attr_ttl, &fa, Generation(e.node.generation), fh, fopen);
             }
             Ok(_) => reply.error(fuser::Errno::EIO),
             Err(e) => reply.error(errno(&e)),

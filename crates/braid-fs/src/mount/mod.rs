@@ -31,6 +31,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fuser::{Config, MountOption, SessionACL};
+use rustix::mount::UnmountFlags;
 
 use crate::client::Client;
 use fs::BraidFs;
@@ -67,6 +68,12 @@ pub struct MountConfig {
     /// a pure spin slowed the metadata loop down on a loaded 2-core host, the yielding poll
     /// made it 1.4-1.5x faster (docs/FS-BENCH.md).
     pub poll_spin: Duration,
+    /// Files opened write-only bypass the client's page cache (`FOPEN_DIRECT_IO`, default
+    /// on): the kernel hands the writer's own pages to the mount instead of first copying
+    /// them into its page cache, which a write-only descriptor can never read back or map.
+    /// The kernel still drops cached pages of the ranges written, so readers on this host
+    /// never see stale data; off, writes go through the page cache as for other opens.
+    pub direct_writes: bool,
     /// Let other users access the mount (`allow_other`).
     pub allow_other: bool,
     /// The source shown in `/proc/mounts`.
@@ -86,6 +93,7 @@ impl MountConfig {
             readahead_kib: 8192,
             threads: 2,
             poll_spin: Duration::from_micros(300),
+            direct_writes: true,
             allow_other: false,
             fsname: "braid-fs".into(),
         }
@@ -208,9 +216,9 @@ impl Mount {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
-    /// Unmounts: detaches the mount, then waits up to 5 s for the session to end; if files
-    /// are still open on it, aborts the FUSE connection (their operations fail with
-    /// `ENOTCONN`) and waits up to 5 s more.
+    /// Unmounts: unmounts (lazily, `MNT_DETACH`, when the mount is busy), then waits up to
+    /// 5 s for the session to end; if files are still open on it, aborts the FUSE
+    /// connection (their operations fail with `ENOTCONN`) and waits up to 5 s more.
     pub fn unmount(mut self) -> std::io::Result<()> {
         self.stop()
     }
@@ -222,7 +230,16 @@ impl Mount {
         if let Some(mut u) = self.unmounter.take()
             && let Err(e) = u.unmount()
         {
-            tracing::warn!("unmounting {}: {e}", self.mountpoint.display());
+            // Busy (a file still open there, or a process's working directory): detach it
+            // all the same, so the name is free at once; the session ends when the last
+            // user lets go, or at the abort below.
+            tracing::warn!(
+                "unmounting {}: {e}; detaching it",
+                self.mountpoint.display()
+            );
+            if let Err(e) = rustix::mount::unmount(&self.mountpoint, UnmountFlags::DETACH) {
+                tracing::warn!("detaching {}: {e}", self.mountpoint.display());
+            }
         }
         if !wait_finished(&thread, Duration::from_secs(5)) {
             if let Some(n) = self.conn {

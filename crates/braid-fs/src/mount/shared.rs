@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fuser::{
@@ -17,7 +17,9 @@ use super::dirview::{Answer, DirViews, MAX_NAMES};
 use super::known::Known;
 use super::pool::Pool;
 use crate::client::{Client, Error, FileState};
-use crate::proto::{Attr, COMMIT_TOUCH, Creds, DirEntry, Entry, NodeId, Reply, Request, Timestamp};
+use crate::proto::{
+    Attr, COMMIT_TOUCH, Creds, DirEntry, Entry, NodeId, Reply, Request, SetAttr, TimeSet, Timestamp,
+};
 
 pub(crate) fn errno(e: &Error) -> fuser::Errno {
     fuser::Errno::from_i32(e.errno().raw())
@@ -64,6 +66,33 @@ pub(crate) struct Handle {
     /// The file's node id.
     pub(crate) node: u64,
     pub(crate) state: Arc<FileState>,
+    /// Opened with `FOPEN_DIRECT_IO` (see [`super::MountConfig::direct_writes`]): the
+    /// kernel leaves clearing the set-user-ID and set-group-ID bits on a write to us.
+    pub(crate) direct: bool,
+    /// The file's mode as this client last heard of it (open, its own `chmod`s).
+    pub(crate) mode: AtomicU32,
+}
+
+impl Handle {
+    pub(crate) fn new(fh: u64, node: u64, state: Arc<FileState>, direct: bool, mode: u32) -> Self {
+        Handle {
+            fh,
+            node,
+            state,
+            direct,
+            mode: AtomicU32::new(mode),
+        }
+    }
+}
+
+/// The bits a write by a process without `CAP_FSETID` clears, as the kernel's
+/// `file_remove_privs` does: set-user-ID, and set-group-ID if the group may execute.
+pub(crate) fn privs_to_kill(mode: u32) -> u32 {
+    let mut kill = mode & libc::S_ISUID;
+    if mode & libc::S_IXGRP != 0 {
+        kill |= mode & libc::S_ISGID;
+    }
+    kill
 }
 
 /// An open directory: the server's handle and the last batch of entries.
@@ -95,6 +124,8 @@ pub(crate) struct Shared {
     pub(crate) attr_ttl: Duration,
     pub(crate) entry_ttl: Duration,
     pub(crate) sync_on_close: bool,
+    /// Write-only opens bypass the kernel's page cache.
+    pub(crate) direct_writes: bool,
     pub(crate) pool: Arc<Pool>,
     pub(crate) handles: Mutex<HashMap<u64, Arc<Handle>>>,
     pub(crate) dirs: Mutex<HashMap<u64, Arc<Mutex<DirHandle>>>>,
@@ -336,18 +367,78 @@ impl Shared {
         FileHandle(id)
     }
 
+    /// Drops the kernel's cached attributes of `ino` (not its pages).
+    pub(crate) fn inval_attr(&self, ino: u64) {
+        if let Some(n) = self.notifier.lock().as_ref()
+            && let Err(e) = n.inval_inode(INodeNo(ino), -1, 0)
+        {
+            tracing::debug!("invalidating cached attributes of {ino}: {e}");
+        }
+    }
+
     /// Open flags for the kernel: keep its cached pages unless the file changed since it
-    /// last heard of it (then also drop its cached attributes: close-to-open).
-    pub(crate) fn open_flags(&self, ino: u64, a: &Attr) -> FopenFlags {
-        if self.note(ino, a) {
-            if let Some(n) = self.notifier.lock().as_ref()
-                && let Err(e) = n.inval_inode(INodeNo(ino), -1, 0)
-            {
-                tracing::debug!("invalidating cached attributes of {ino}: {e}");
-            }
+    /// last heard of it (then also drop its cached attributes: close-to-open); bypass the
+    /// page cache for a write-only open when `direct`.
+    pub(crate) fn open_flags(&self, ino: u64, a: &Attr, direct: bool) -> FopenFlags {
+        let mut f = if self.note(ino, a) {
+            self.inval_attr(ino);
             FopenFlags::empty()
         } else {
             FopenFlags::FOPEN_KEEP_CACHE
+        };
+        if direct {
+            f |= FopenFlags::FOPEN_DIRECT_IO;
+        }
+        f
+    }
+
+    /// Whether an open with `flags` bypasses the page cache: write-only ones (a descriptor
+    /// that can neither read nor map the file gains nothing from it), if configured.
+    pub(crate) fn direct(&self, flags: i32) -> bool {
+        self.direct_writes && flags & libc::O_ACCMODE == libc::O_WRONLY
+    }
+
+    /// Records a mode this client set on `node`, for its open handles.
+    pub(crate) fn note_mode(&self, node: u64, mode: u32) {
+        for h in self.handles.lock().values().filter(|h| h.node == node) {
+            h.mode.store(mode, Ordering::Relaxed);
+        }
+    }
+
+    /// A write through a direct handle by a process without `CAP_FSETID`: the kernel
+    /// clears the set-user-ID and set-group-ID bits only on its cached path, so the mount
+    /// does it here, from the mode it knows (as the kernel does from its cached one), and
+    /// before the write is acknowledged. This one waits for the server on the calling
+    /// thread: it happens at most once per such bit set, never on a plain file.
+    pub(crate) fn kill_privs(&self, h: &Handle) -> Result<(), Error> {
+        let mode = h.mode.load(Ordering::Relaxed);
+        let kill = privs_to_kill(mode);
+        if kill == 0 {
+            return Ok(());
+        }
+        self.known.forget(&[h.node]);
+        let set = SetAttr {
+            mode: Some(mode & !kill & 0o7777),
+            uid: None,
+            gid: None,
+            size: None,
+            atime: TimeSet::Omit,
+            mtime: TimeSet::Omit,
+        };
+        let node = self.node(INodeNo(h.node));
+        let r = self.client.call(&Request::SetAttr {
+            node,
+            fh: h.fh,
+            set,
+        });
+        // The kernel's cached mode has the bits still.
+        self.inval_attr(node.id);
+        match r? {
+            Reply::Attr(a) => {
+                self.note_mode(node.id, a.mode);
+                Ok(())
+            }
+            other => Err(Error::Protocol(format!("SetAttr answered {other:?}"))),
         }
     }
 
