@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SendError, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::net::{Net, connect_pair, contexts, join, session_config};
 use super::target::{RecvState, serve_receives};
 use super::util::{Rng, first_diff, max_rss_kib, secs};
-use super::worker::{KINDS, Mailbox, Worker, WorkerReport};
+use super::worker::{KINDS, Worker, WorkerReport};
 use super::{RECV_LEN, RECVS_PER_EP, SG_GAP, SoakArgs};
 
 // ------------------------------------------------------------------ soak: the run
@@ -285,11 +286,12 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
     };
 
     // Client side (host 0): the dispatcher and the workers.
-    let boxes: Vec<Arc<Mailbox>> = (0..t).map(|_| Arc::new(Mailbox::default())).collect();
+    let (boxes, inboxes): (Vec<Sender<Completion>>, Vec<Receiver<Completion>>) =
+        (0..t).map(|_| channel()).unzip();
     let dstop = Arc::new(AtomicBool::new(false));
     let strays = Arc::new(Mutex::new(Vec::<Completion>::new()));
     let dispatch_job = {
-        let (cq, boxes, stop, strays) = (csq.clone(), boxes.clone(), dstop.clone(), strays.clone());
+        let (cq, stop, strays) = (csq.clone(), dstop.clone(), strays.clone());
         net.spawn(0, move || -> Result<()> {
             let mut got = Vec::new();
             while !stop.load(Ordering::Acquire) {
@@ -298,9 +300,13 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
                     cq.poll_many(&mut got, 256);
                 }
                 for c in got.drain(..) {
-                    match boxes.get((c.wr_id >> 48) as usize) {
-                        Some(b) => b.push(c),
-                        None => strays.lock().expect("strays").push(c),
+                    // A worker that is gone (it failed) leaves its completions as strays.
+                    let sent = match boxes.get((c.wr_id >> 48) as usize) {
+                        Some(b) => b.send(c),
+                        None => Err(SendError(c)),
+                    };
+                    if let Err(SendError(c)) = sent {
+                        strays.lock().expect("strays").push(c);
                     }
                 }
             }
@@ -312,7 +318,7 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
     let t_ops = Instant::now();
     let end = t_ops + duration;
     let mut workers = Vec::new();
-    for (w, mailbox) in boxes.iter().enumerate() {
+    for (w, mailbox) in inboxes.into_iter().enumerate() {
         let worker = Worker {
             t: w,
             eps: pair.ceps.clone(),
@@ -334,7 +340,7 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
             fifo: (0..n).map(|_| VecDeque::new()).collect(),
             next_wr: 0,
             rng: Rng::new(seed ^ ((w as u64 + 1) << 40)),
-            mailbox: mailbox.clone(),
+            mailbox,
             stall,
             rep: WorkerReport {
                 models: vec![vec![0; a.area]; n],
@@ -474,8 +480,8 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
     for c in strays.lock().expect("strays").iter() {
         errors.push(format!("a completion of no thread: {c:?}"));
     }
-    for (i, b) in boxes.iter().enumerate() {
-        if let Some(c) = b.try_pop() {
+    for (i, r) in reports.iter().enumerate() {
+        if let Some(c) = r.inbox.as_ref().and_then(|rx| rx.try_recv().ok()) {
             errors.push(format!("an extra completion for thread {i}: {c:?}"));
         }
     }

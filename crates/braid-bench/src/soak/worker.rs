@@ -1,9 +1,10 @@
 //! The soak's operation mix: a worker thread posts random verified operations and models
-//! the target memory; its completions arrive through a mailbox.
+//! the target memory; its completions arrive through a channel from the dispatcher.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
@@ -77,37 +78,6 @@ pub(super) struct Pending {
     readback: bool,
 }
 
-/// Completions of one worker thread, filled by the dispatcher.
-#[derive(Default)]
-pub(super) struct Mailbox {
-    q: Mutex<VecDeque<Completion>>,
-    cv: Condvar,
-}
-
-impl Mailbox {
-    pub(super) fn push(&self, c: Completion) {
-        self.q.lock().expect("mailbox").push_back(c);
-        self.cv.notify_one();
-    }
-    pub(super) fn try_pop(&self) -> Option<Completion> {
-        self.q.lock().expect("mailbox").pop_front()
-    }
-    fn wait(&self, timeout: Duration) -> Option<Completion> {
-        let deadline = Instant::now() + timeout;
-        let mut q = self.q.lock().expect("mailbox");
-        loop {
-            if let Some(c) = q.pop_front() {
-                return Some(c);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            q = self.cv.wait_timeout(q, left).expect("mailbox").0;
-        }
-    }
-}
-
 /// What a worker did and what it believes the target memory holds.
 #[derive(Default)]
 pub(super) struct WorkerReport {
@@ -125,6 +95,9 @@ pub(super) struct WorkerReport {
     pub(super) fetch_adds: Vec<Vec<(u64, u64)>>,
     /// Per endpoint: sends and writes-with-immediate that completed (receives consumed).
     pub(super) recv_ops: Vec<u64>,
+    /// The worker's completion channel, handed back so that the final check can tell
+    /// whether anything arrived for it after it finished.
+    pub(super) inbox: Option<Receiver<Completion>>,
 }
 
 pub(super) struct Worker {
@@ -143,7 +116,8 @@ pub(super) struct Worker {
     pub(super) fifo: Vec<VecDeque<Pending>>,
     pub(super) next_wr: u64,
     pub(super) rng: Rng,
-    pub(super) mailbox: Arc<Mailbox>,
+    /// Completions of this worker's operations, from the dispatcher.
+    pub(super) mailbox: Receiver<Completion>,
     pub(super) stall: Duration,
     pub(super) rep: WorkerReport,
     pub(super) scratch: Vec<u8>,
@@ -452,9 +426,9 @@ impl Worker {
     }
 
     fn wait_one(&mut self) -> Result<()> {
-        match self.mailbox.wait(self.stall) {
-            Some(c) => self.complete(c),
-            None => bail!(
+        match self.mailbox.recv_timeout(self.stall) {
+            Ok(c) => self.complete(c),
+            Err(_) => bail!(
                 "thread {}: no completion within {:?} with {} operation(s) outstanding",
                 self.t,
                 self.stall,
@@ -468,12 +442,16 @@ impl Worker {
         if r.is_err() {
             abort.store(true, Ordering::Release);
         }
-        r.map(|()| self.rep)
+        r.map(|()| {
+            let mut rep = self.rep;
+            rep.inbox = Some(self.mailbox);
+            rep
+        })
     }
 
     fn run_inner(&mut self, end: Instant, abort: &AtomicBool) -> Result<()> {
         while Instant::now() < end && !abort.load(Ordering::Acquire) {
-            while let Some(c) = self.mailbox.try_pop() {
+            while let Ok(c) = self.mailbox.try_recv() {
                 self.complete(c)?;
             }
             if self.inflight() < self.depth {

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{Context, nonce};
+use super::Context;
+use super::handshake::nonce;
 use crate::endpoint::{Endpoint, EndpointOptions};
 use crate::engine::Command;
 use crate::engine::transport::Tcp;
