@@ -22,6 +22,9 @@ pub const SPIN_WAIT_ENV: &str = "BRAID_DSM_SPIN_WAIT_US";
 /// Environment variable: `1` accepts a userfaultfd for user-mode faults only (see
 /// [`DsmConfig::user_faults_only`]).
 pub const USER_FAULTS_ONLY_ENV: &str = "BRAID_DSM_USER_FAULTS_ONLY";
+/// Environment variable: `1` spreads concurrent page transfers over every rail, `0` (the
+/// default) keeps each on the first rail with room (see [`DsmConfig::spread_rails`]).
+pub const SPREAD_RAILS_ENV: &str = "BRAID_DSM_SPREAD_RAILS";
 
 /// Settings of a DSM.
 #[derive(Clone, Debug)]
@@ -51,6 +54,11 @@ pub struct DsmConfig {
     /// page then fail with `EFAULT` instead of waiting for it (default false: such a
     /// process gets a clear start-up error instead).
     pub user_faults_only: bool,
+    /// Spread concurrent page transfers over every rail (braid's
+    /// `SessionConfig::spread_small_ops`). Default off: pages are 4 KiB and a DSM on a
+    /// small host is bound by its cores, not the wire; spreading cost the matrix multiply
+    /// 10% of its time on 2 cores and 4 rails, with no bandwidth to gain (docs/DSM.md).
+    pub spread_rails: bool,
 }
 
 impl Default for DsmConfig {
@@ -63,6 +71,7 @@ impl Default for DsmConfig {
             spin: Duration::from_micros(200),
             spin_wait: Duration::from_millis(2),
             user_faults_only: false,
+            spread_rails: false,
         }
     }
 }
@@ -147,6 +156,13 @@ impl DsmConfig {
                 "1" | "true" | "yes" => true,
                 "0" | "false" | "no" | "" => false,
                 _ => return Err(bad(USER_FAULTS_ONLY_ENV, &v, "0 or 1")),
+            };
+        }
+        if let Some(v) = get(SPREAD_RAILS_ENV) {
+            c.spread_rails = match v.trim() {
+                "1" | "true" | "yes" => true,
+                "0" | "false" | "no" | "" => false,
+                _ => return Err(bad(SPREAD_RAILS_ENV, &v, "0 or 1")),
             };
         }
         Ok(c)

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use braid::{Context, Region, RemoteKey};
+use braid::{Context, EndpointOptions, Region, RemoteKey};
 use braid_boot::{LaunchEnv, World, WorldOptions};
 use parking_lot::Mutex;
 
@@ -141,7 +141,13 @@ impl Runtime {
         let size = env.size;
         let rank = env.rank;
         let cq = ctx.create_cq(size.saturating_sub(1) * RECV_DEPTH + 16384);
-        let world = Arc::new(World::join(&ctx, &env, &WorldOptions::new(&cq))?);
+        let mut endpoint = EndpointOptions::new(&cq);
+        endpoint.session.spread_small_ops = cfg.spread_rails;
+        let world = Arc::new(World::join(
+            &ctx,
+            &env,
+            &WorldOptions::with_endpoint(endpoint),
+        )?);
         let len = cfg
             .space
             .checked_next_multiple_of(page)

@@ -110,7 +110,7 @@ impl Session {
     /// of 8 interleaved runs at load 7-9), most likely because the TCP connections'
     /// acknowledgements then no longer ride on the replies.
     pub(super) fn small_op_rail(&self) -> Option<usize> {
-        if !self.next_data_is_concurrent_small_op() {
+        if !self.cfg.spread_small_ops || !self.next_data_is_concurrent_small_op() {
             return None;
         }
         let n = self.rails.len();
