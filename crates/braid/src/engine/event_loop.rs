@@ -382,6 +382,7 @@ impl EngineLoop {
                 let fd = ep.rails[i].fd();
                 let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
             }
+            ep.rx_abandon();
         }
     }
 

@@ -364,11 +364,23 @@ impl RxRail<'_> {
     fn die(&mut self, why: &str) -> RxStep {
         self.c.state = RxState::Dead;
         self.ep.fail_rail(self.rail, why);
+        // Nothing more is written into a placement of this rail: its memory may go.
+        self.ep.session.lock().payload_abandoned(self.rail);
         RxStep::Dead
     }
 }
 
 impl EndpointShared {
+    /// The endpoint is gone from the engine: no rail's receive loop runs again, so the
+    /// placements they were filling are given up (a region a dead peer was writing into can
+    /// then be deregistered). Waits for a polling thread that is inside a loop to leave it.
+    pub(super) fn rx_abandon(&self) {
+        for (rail, r) in self.rails.iter().enumerate() {
+            r.rx.lock().state = RxState::Dead;
+            self.session.lock().payload_abandoned(rail);
+        }
+    }
+
     /// Runs `rail`'s receive loop; waits for the lock if another thread holds it.
     pub(super) fn rx_run(&self, rail: usize) -> RxStep {
         let mut c = self.rails[rail].rx.lock();

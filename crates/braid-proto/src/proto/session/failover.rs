@@ -398,4 +398,43 @@ mod tests {
         assert!(p.s[0].rail_data_sent()[1] > 0);
         assert_eq!(dst.to_vec(0, 8 << 20).unwrap(), vec![3; 8 << 20]);
     }
+
+    #[test]
+    fn a_payload_abandoned_on_a_dead_rail_releases_its_region() {
+        use std::time::Duration;
+        let mut p = Pair::new(SessionConfig::default(), 1);
+        let src = p.region(0, 4096, 7);
+        let dst = p.region(1, 4096, 0);
+        p.post(
+            0,
+            1,
+            Request::Write {
+                local: vec![src.as_sge()],
+                rkey: dst.remote_key().key,
+                addr: 0,
+                imm: None,
+            },
+        );
+        let t = p.s[0].poll_transmit(0, p.now).expect("the write's frame");
+        let h = crate::wire::FrameHeader::decode(&t.header).expect("header");
+        drop(t);
+        // The target is told where the payload goes; then the connection ends before it.
+        let placed = p.s[1].on_frame(0, &h, p.now).expect("a valid frame");
+        assert!(matches!(placed, super::super::RxAction::Place(_)));
+        p.s[1].on_rail_lost(0);
+        assert!(p.s[1].is_failed(), "its only rail");
+        // The driver may still be writing: the memory stays held until it says it stopped.
+        let dst = match dst.deregister(Duration::ZERO) {
+            Err((dst, e)) => {
+                assert!(matches!(e, crate::error::Error::RegionBusy { .. }), "{e:?}");
+                dst
+            }
+            Ok(()) => panic!("the placement's memory was released while it could be written"),
+        };
+        p.s[1].payload_abandoned(0);
+        assert!(
+            dst.deregister(Duration::ZERO).is_ok(),
+            "a failed endpoint's abandoned placement must not hold the region"
+        );
+    }
 }

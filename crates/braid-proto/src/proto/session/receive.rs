@@ -268,6 +268,21 @@ impl Session {
         }
     }
 
+    /// The driver has stopped placing the payload of the last frame offered on `rail` and
+    /// will not write into that placement again: its connection ended mid-payload, or the
+    /// endpoint is gone. Once the rail is dead (or the session failed), what kept the
+    /// placement's memory is let go, so a region whose peer died mid-transfer can be
+    /// deregistered and freed. On a live rail nothing changes (the payload is still owed).
+    pub fn payload_abandoned(&mut self, rail: usize) {
+        let failed = self.failed.is_some();
+        if let Some(r) = self.rails.get_mut(rail)
+            && (failed || !r.alive)
+        {
+            r.rx_keep = None;
+            r.rx_pending = None;
+        }
+    }
+
     /// Reports that the payload of the last frame offered on `rail` has been placed (or
     /// discarded) completely. With payload CRCs, a mismatch is an error and the operation
     /// does not complete.
