@@ -1,9 +1,12 @@
 //! Completion queues: poll, wait with a timeout, or await.
 
+mod rails;
+
 use std::collections::VecDeque;
 use std::future::Future;
+use std::os::fd::RawFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -11,6 +14,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use braid_proto::error::{Completion, Error};
+
+pub use rails::ArmedQueue;
+use rails::RailSet;
 
 struct CqState {
     items: VecDeque<Completion>,
@@ -24,6 +30,14 @@ pub(crate) trait Driver: Send + Sync {
     fn drive(&self);
     /// The polling thread stops polling: progress goes back to the engine thread.
     fn release(&self);
+    /// Appends each live rail's socket with the generation of its link (none once the
+    /// endpoint is closed).
+    fn rail_fds(&self, out: &mut Vec<(RawFd, u64)>);
+    /// A thread starts (`true`) or stops sleeping on the rails; meanwhile the engine
+    /// leaves their reads to it.
+    fn hold(&self, sleeping: bool);
+    /// Sends the frames that wait, without blocking.
+    fn flush(&self);
 }
 
 struct CqInner {
@@ -38,6 +52,13 @@ struct CqInner {
     /// Completions waiting; read without the lock by spinning waiters.
     len: AtomicUsize,
     spin: Mutex<Duration>,
+    /// The epoll set a waiting thread sleeps in (`None`: the set could not be made, or
+    /// sleeping on the rails is turned off).
+    rails: Option<Mutex<RailSet>>,
+    rails_waker: Option<mio::Waker>,
+    sleep_on_rails: AtomicBool,
+    /// A thread has armed the queue: pushes ring `rails_waker`.
+    rail_sleeper: AtomicBool,
 }
 
 /// A queue of [`Completion`]s shared by the endpoints that report into it.
@@ -62,6 +83,13 @@ impl std::fmt::Debug for CompletionQueue {
 impl CompletionQueue {
     /// A queue holding up to `capacity` completions (posted and not yet polled).
     pub fn new(capacity: usize) -> CompletionQueue {
+        let (rails, rails_waker) = match RailSet::new() {
+            Ok((set, waker)) => (Some(Mutex::new(set)), Some(waker)),
+            Err(e) => {
+                tracing::warn!("no epoll set for sleeping on the rails: {e}");
+                (None, None)
+            }
+        };
         CompletionQueue {
             inner: Arc::new(CqInner {
                 drivers: Mutex::new(Vec::new()),
@@ -75,6 +103,10 @@ impl CompletionQueue {
                 reserved: AtomicUsize::new(0),
                 len: AtomicUsize::new(0),
                 spin: Mutex::new(Duration::from_micros(20)),
+                rails,
+                rails_waker,
+                sleep_on_rails: AtomicBool::new(true),
+                rail_sleeper: AtomicBool::new(false),
             }),
         }
     }
@@ -99,6 +131,39 @@ impl CompletionQueue {
     /// on latency-bound loops, sleeping saves CPU.
     pub fn set_spin(&self, spin: Duration) {
         *self.inner.spin.lock() = spin;
+    }
+
+    /// Whether a thread blocked in [`CompletionQueue::wait`] sleeps on the endpoints'
+    /// sockets and reads them itself when data arrives (the default), or sleeps until the
+    /// engine thread has read them and wakes it (two wake-ups instead of one, but the
+    /// engine thread alone reads).
+    pub fn set_sleep_on_rails(&self, on: bool) {
+        self.inner.sleep_on_rails.store(on, Ordering::Release);
+    }
+
+    /// Arms the queue for a thread that sleeps in its own `poll(2)` or epoll set, with
+    /// the descriptor of the returned [`ArmedQueue`] among its own (as a verbs
+    /// completion channel). Arming reads what has arrived and sends what that produced;
+    /// when [`CompletionQueue::is_empty`] is still true afterwards, the thread may sleep
+    /// until the descriptor is readable, then poll. `None` when the queue has no
+    /// endpoints, another thread holds it armed, or sleeping on the rails is off: sleep
+    /// on [`CompletionQueue::next`]'s waker instead.
+    pub fn arm(&self) -> Option<ArmedQueue<'_>> {
+        if !self.inner.sleep_on_rails.load(Ordering::Acquire) {
+            return None;
+        }
+        let set = self.inner.rails.as_ref()?.try_lock()?;
+        let drivers: Vec<Arc<dyn Driver>> = self
+            .inner
+            .drivers
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        if drivers.is_empty() {
+            return None;
+        }
+        Some(ArmedQueue::new(self, set, drivers))
     }
 
     pub(crate) fn same(&self, other: &CompletionQueue) -> bool {
@@ -156,6 +221,14 @@ impl CompletionQueue {
         for w in wakers {
             w.wake();
         }
+        // Pairs with the armed thread's check of `len` after it set `rail_sleeper`.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.inner.rail_sleeper.load(Ordering::SeqCst)
+            && let Some(w) = &self.inner.rails_waker
+            && let Err(e) = w.wake()
+        {
+            tracing::warn!("cannot wake the thread sleeping on the rails: {e}");
+        }
     }
 
     fn pop_locked(&self, st: &mut CqState) -> Option<Completion> {
@@ -212,6 +285,24 @@ impl CompletionQueue {
             std::hint::spin_loop();
         }
         let deadline = start + timeout;
+        if Instant::now() < deadline
+            && let Some(mut armed) = self.arm()
+        {
+            loop {
+                if let Some(c) = self.pop_locked(&mut self.inner.state.lock()) {
+                    return Some(c);
+                }
+                std::sync::atomic::fence(Ordering::SeqCst);
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                if self.is_empty() {
+                    armed.sleep(left);
+                }
+                armed.progress();
+            }
+        }
         for d in self.inner.drivers.lock().iter().filter_map(Weak::upgrade) {
             d.release();
         }

@@ -48,5 +48,5 @@ pub use braid_proto::{
     SessionConfig, Sge, Status,
 };
 pub use context::{Context, ContextConfig, Listener, SECRET_ENV, SECRET_FILE_ENV};
-pub use cq::{CompletionQueue, NextCompletion};
+pub use cq::{ArmedQueue, CompletionQueue, NextCompletion};
 pub use endpoint::{Endpoint, EndpointOptions, RailAddr};

@@ -4,6 +4,7 @@
 //! the application threads, and executes the core's actions. It never waits for anything
 //! but new events, so it serves other ranks' requests while this rank's own wait.
 
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll, Waker};
@@ -222,6 +223,15 @@ impl Service {
     }
 
     fn sleep(&mut self, waker: &Waker) {
+        // Sleep on the rails' sockets too: a message wakes this thread, which reads it
+        // itself, instead of braid's engine thread, which would then ring the doorbell.
+        if let Some(armed) = self.cq.arm() {
+            if !self.cq.is_empty() || !self.shared.requests.lock().is_empty() {
+                return;
+            }
+            self.poll_with(Some(armed.as_fd().as_raw_fd()));
+            return;
+        }
         // Hand the endpoints' reads back to braid's engine, whose completions then ring the
         // doorbell through the queue's waker.
         if let Some(c) = self.cq.wait(Duration::ZERO) {
@@ -240,20 +250,25 @@ impl Service {
         if !self.shared.requests.lock().is_empty() {
             return;
         }
+        self.poll_with(None);
+    }
+
+    /// Sleeps (at most 100 ms) until a fault, a request from an application thread, or
+    /// `rails` (an armed completion queue's descriptor) is readable.
+    fn poll_with(&self, rails: Option<RawFd>) {
+        let pollfd = |fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let mut fds = [
-            libc::pollfd {
-                fd: self.faults.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.shared.doorbell.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            pollfd(self.faults.fd()),
+            pollfd(self.shared.doorbell.fd()),
+            pollfd(rails.unwrap_or(-1)),
         ];
-        // SAFETY: two valid pollfd entries.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+        let n = if rails.is_some() { 3 } else { 2 };
+        // SAFETY: `n` valid pollfd entries.
+        unsafe { libc::poll(fds.as_mut_ptr(), n, 100) };
         self.shared.doorbell.clear();
     }
 

@@ -14,7 +14,7 @@ mod tx;
 
 use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -49,6 +49,8 @@ pub(crate) struct RailIo {
     /// The engine has left this rail's reads to a polling thread (see
     /// [`EndpointShared::polled_inline`]).
     muted: AtomicBool,
+    /// Counts the links this rail has had: a new link may reuse the old socket's number.
+    link_gen: AtomicU64,
     tx: Mutex<TxState>,
     rx: Mutex<RxCore>,
 }
@@ -59,6 +61,7 @@ impl RailIo {
             fd: AtomicI32::new(link.readiness_fd()),
             tx_blocked: AtomicBool::new(false),
             muted: AtomicBool::new(false),
+            link_gen: AtomicU64::new(0),
             rx: Mutex::new(RxCore::new(link.clone())),
             tx: Mutex::new(TxState::new(link)),
         }
@@ -83,6 +86,7 @@ impl RailIo {
     fn replace(&self, link: Arc<dyn Transport>) {
         let mut tx = self.tx.lock();
         self.fd.store(link.readiness_fd(), Ordering::Release);
+        self.link_gen.fetch_add(1, Ordering::AcqRel);
         tx.link = link.clone();
         tx.batch.clear();
         tx.off = 0;
@@ -106,6 +110,9 @@ pub(crate) struct EndpointShared {
     /// When an application thread last drove this endpoint's progress (nanoseconds on
     /// [`clock_ns`]; 0 = not polling). While recent, the engine leaves reads to it.
     pub(crate) app_polled: AtomicU64,
+    /// Threads sleeping on this endpoint's sockets (see `CompletionQueue::arm`): the
+    /// engine leaves reads to them as to a polling thread.
+    pub(crate) rail_sleepers: AtomicUsize,
     /// On the connecting side: starts re-dialling a failed rail.
     pub(crate) redial: Option<Box<dyn Fn(usize) + Send + Sync>>,
 }
@@ -193,7 +200,13 @@ impl EndpointShared {
         }
     }
 
+    /// An application thread reads this endpoint's rails: it polled recently, or it
+    /// sleeps on their sockets.
     fn app_polling(&self, now_ns: u64) -> bool {
+        self.rail_sleepers.load(Ordering::Acquire) > 0 || self.polled_recently(now_ns)
+    }
+
+    fn polled_recently(&self, now_ns: u64) -> bool {
         let at = self.app_polled.load(Ordering::Acquire);
         at != 0 && now_ns.saturating_sub(at) < APP_POLL_HOLD_NS
     }
@@ -202,9 +215,11 @@ impl EndpointShared {
     /// has left the reads to it: frames that wait to be sent (the `Done` of a receive,
     /// say) go out with that thread's next poll or post, or with the engine's check
     /// within [`APP_POLL_HOLD_NS`] of the last poll, so the engine need not be woken for
-    /// them now.
+    /// them now. Not while a thread sleeps on the rails: it sends only when woken.
     pub(crate) fn polled_inline(&self) -> bool {
-        self.rails.iter().all(|r| r.muted.load(Ordering::Acquire)) && self.app_polling(clock_ns())
+        self.rail_sleepers.load(Ordering::Acquire) == 0
+            && self.rails.iter().all(|r| r.muted.load(Ordering::Acquire))
+            && self.polled_recently(clock_ns())
     }
 }
 
@@ -217,6 +232,41 @@ impl crate::cq::Driver for EndpointShared {
         // The polling thread is going to sleep: the engine must read again, now.
         if self.app_polled.swap(0, Ordering::AcqRel) != 0 {
             self.kicker.kick(self.id);
+        }
+    }
+
+    fn rail_fds(&self, out: &mut Vec<(RawFd, u64)>) {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        out.extend(
+            self.rails
+                .iter()
+                .map(|r| (r.fd(), r.link_gen.load(Ordering::Acquire))),
+        );
+    }
+
+    fn hold(&self, sleeping: bool) {
+        if sleeping {
+            self.rail_sleepers.fetch_add(1, Ordering::AcqRel);
+        } else {
+            // Counted as a poll just now: the thread usually waits again at once, and the
+            // engine takes the reads back within APP_POLL_HOLD_NS if it does not.
+            self.app_polled.store(clock_ns(), Ordering::Release);
+            self.rail_sleepers.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn flush(&self) {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let want = {
+            let s = self.session.lock();
+            (0..self.rails.len()).any(|r| s.wants_transmit(r))
+        };
+        if want {
+            self.flush_all();
         }
     }
 }

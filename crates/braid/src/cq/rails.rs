@@ -1,0 +1,172 @@
+//! Sleeping on the rails: a thread that waits for a completion sleeps on its endpoints'
+//! sockets and reads them itself when the kernel wakes it, instead of being woken by the
+//! engine thread after that thread read them (one wake-up on the latency path, not two).
+//!
+//! One thread at a time arms a queue. While it is armed, the queue's endpoints keep the
+//! engine thread off their reads (as for a busy-polling thread), and a completion pushed
+//! by another thread rings the queue's waker, which is in the same epoll set as the
+//! sockets.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use parking_lot::MutexGuard;
+
+use super::{CompletionQueue, Driver};
+
+const WAKER: Token = Token(usize::MAX);
+
+/// The epoll set of a queue's rail sockets, edge triggered, and its waker.
+pub(super) struct RailSet {
+    poll: Poll,
+    events: Events,
+    /// Descriptors in the set, with the generation of the link each belonged to when added.
+    registered: HashMap<RawFd, u64>,
+}
+
+impl RailSet {
+    pub(super) fn new() -> io::Result<(RailSet, mio::Waker)> {
+        let poll = Poll::new()?;
+        let waker = mio::Waker::new(poll.registry(), WAKER)?;
+        Ok((
+            RailSet {
+                poll,
+                events: Events::with_capacity(64),
+                registered: HashMap::new(),
+            },
+            waker,
+        ))
+    }
+
+    /// Makes the set hold exactly `fds` (descriptor, link generation): a rail whose link
+    /// was replaced may have a new socket under the old number.
+    fn sync(&mut self, fds: &[(RawFd, u64)]) {
+        let RailSet {
+            poll, registered, ..
+        } = self;
+        let reg = poll.registry();
+        registered.retain(|fd, link| {
+            let keep = fds.iter().any(|(f, l)| f == fd && l == link);
+            if !keep {
+                // The socket may be closed already (then the kernel dropped it from the set).
+                let _ = reg.deregister(&mut SourceFd(fd));
+            }
+            keep
+        });
+        for &(fd, link) in fds {
+            if registered.contains_key(&fd) {
+                continue;
+            }
+            let token = Token(fd as usize);
+            let r = match reg.register(&mut SourceFd(&fd), token, Interest::READABLE) {
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    reg.reregister(&mut SourceFd(&fd), token, Interest::READABLE)
+                }
+                r => r,
+            };
+            if r.is_ok() {
+                registered.insert(fd, link);
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for an edge (data on a socket, or the waker); takes every
+    /// edge that is queued, so that the set's descriptor is quiet afterwards.
+    fn wait(&mut self, timeout: Duration) {
+        let mut timeout = Some(timeout);
+        for _ in 0..16 {
+            match self.poll.poll(&mut self.events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!("waiting on the rails failed: {e}");
+                    return;
+                }
+            }
+            if self.events.iter().count() < self.events.capacity() {
+                return;
+            }
+            timeout = Some(Duration::ZERO);
+        }
+    }
+}
+
+/// A completion queue armed for a thread that sleeps on its endpoints' sockets (from
+/// [`CompletionQueue::arm`]).
+///
+/// Arming reads what has arrived and sends what that produced; then the caller checks
+/// [`CompletionQueue::is_empty`] before it sleeps until [`ArmedQueue::as_fd`] is readable.
+/// While the armed queue lives, its endpoints leave their reads to the thread holding it:
+/// after waking, that thread polls the queue (which reads the sockets), or drops the armed
+/// queue and then polls. Dropping it hands the reads back to the engine thread (within a
+/// millisecond, unless the thread polls again).
+pub struct ArmedQueue<'a> {
+    cq: &'a CompletionQueue,
+    set: MutexGuard<'a, RailSet>,
+    drivers: Vec<Arc<dyn Driver>>,
+}
+
+impl<'a> ArmedQueue<'a> {
+    pub(super) fn new(
+        cq: &'a CompletionQueue,
+        mut set: MutexGuard<'a, RailSet>,
+        drivers: Vec<Arc<dyn Driver>>,
+    ) -> ArmedQueue<'a> {
+        let mut fds = Vec::new();
+        for d in &drivers {
+            d.rail_fds(&mut fds);
+        }
+        set.sync(&fds);
+        // Edges left from the last time: their bytes are read by the poll that follows.
+        set.wait(Duration::ZERO);
+        for d in &drivers {
+            d.hold(true);
+        }
+        // From here a completion pushed by another thread rings the waker (see push).
+        cq.inner.rail_sleeper.store(true, Ordering::SeqCst);
+        let armed = ArmedQueue { cq, set, drivers };
+        armed.progress();
+        armed
+    }
+
+    /// Reads what has arrived on every rail, then sends what that produced
+    /// (acknowledgements, read responses), so that nothing waits while this thread sleeps.
+    pub(super) fn progress(&self) {
+        for d in &self.drivers {
+            d.drive();
+        }
+        for d in &self.drivers {
+            d.flush();
+        }
+    }
+
+    /// Sleeps until data arrives on a rail, a completion is pushed, or `timeout` passes.
+    pub(super) fn sleep(&mut self, timeout: Duration) {
+        self.set.wait(timeout);
+    }
+}
+
+impl AsFd for ArmedQueue<'_> {
+    /// A descriptor (an epoll set) that becomes readable when data arrives on one of the
+    /// queue's rails or another thread pushes a completion: put it in a `poll(2)` set
+    /// beside the caller's own descriptors, then poll the queue.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the epoll descriptor lives as long as the set, which outlives the borrow.
+        unsafe { BorrowedFd::borrow_raw(self.set.poll.as_raw_fd()) }
+    }
+}
+
+impl Drop for ArmedQueue<'_> {
+    fn drop(&mut self) {
+        self.cq.inner.rail_sleeper.store(false, Ordering::SeqCst);
+        for d in &self.drivers {
+            d.hold(false);
+        }
+    }
+}
