@@ -28,6 +28,9 @@ struct CqState {
 pub(crate) trait Driver: Send + Sync {
     /// Reads whatever has arrived and sends what that produced, without blocking.
     fn drive(&self);
+    /// [`Driver::drive`], but a rail another thread is reading is read again once it is
+    /// done, so that nothing that arrived meanwhile is left for a sleeper's next wake-up.
+    fn drive_before_sleep(&self);
     /// The polling thread stops polling: progress goes back to the engine thread.
     fn release(&self);
     /// Appends each live rail's socket with the generation of its link (none once the

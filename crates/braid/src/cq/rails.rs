@@ -139,7 +139,7 @@ impl<'a> ArmedQueue<'a> {
     /// (acknowledgements, read responses), so that nothing waits while this thread sleeps.
     pub(super) fn progress(&self) {
         for d in &self.drivers {
-            d.drive();
+            d.drive_before_sleep();
         }
         for d in &self.drivers {
             d.flush();

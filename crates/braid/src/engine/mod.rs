@@ -161,6 +161,14 @@ impl EndpointShared {
     /// no other thread is reading, and sends what that produced. This saves the hand-off from
     /// the engine thread on latency-bound loops.
     pub(crate) fn progress_inline(&self) {
+        self.progress_on_caller(false);
+    }
+
+    /// [`EndpointShared::progress_inline`]; with `wait_for_readers`, a rail another thread
+    /// is reading is read again once that thread is done. A thread about to sleep on the
+    /// rails needs that: bytes that arrived while the other thread was finishing its read
+    /// have raised their edge already and would otherwise wait for the next one.
+    fn progress_on_caller(&self, wait_for_readers: bool) {
         if self.closed.load(Ordering::Acquire) {
             return;
         }
@@ -175,7 +183,11 @@ impl EndpointShared {
             self.flush_all();
         }
         for rail in 0..self.rails.len() {
-            self.rx_try_run(rail);
+            if wait_for_readers {
+                self.rx_run(rail);
+            } else {
+                self.rx_try_run(rail);
+            }
         }
         if self.session.lock().rx_retry_pending() {
             self.kicker.kick(self.id);
@@ -226,6 +238,10 @@ impl EndpointShared {
 impl crate::cq::Driver for EndpointShared {
     fn drive(&self) {
         self.progress_inline();
+    }
+
+    fn drive_before_sleep(&self) {
+        self.progress_on_caller(true);
     }
 
     fn release(&self) {
