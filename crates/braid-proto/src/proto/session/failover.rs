@@ -123,12 +123,16 @@ impl Session {
     pub(super) fn apply_staged(&mut self) {
         while self.failed.is_none() {
             let Some(list) = self.staged.get_mut(&self.frontier) else {
+                self.end_recovery();
                 return;
             };
             let Some(st) = list.pop_front() else {
                 self.staged.remove(&self.frontier);
-                return;
+                continue;
             };
+            if list.is_empty() {
+                self.staged.remove(&st.h.seq);
+            }
             let Some(rail) = self.rails.iter().position(|r| r.alive) else {
                 return;
             };
@@ -247,6 +251,7 @@ impl Session {
             "rail lost; failing over to the surviving rails"
         );
         self.recovering = true;
+        self.down_unheard |= 1 << rail;
         self.retx.extend(log);
         let heir_ctrl = &mut self.rails[heir].ctrl;
         heir_ctrl.extend(
@@ -255,6 +260,9 @@ impl Session {
         );
         let mut down = FrameHeader::new(Opcode::RailDown);
         down.arg0 = rail as u64;
+        // Requests from here on are posted after the loss: the peer's recovery ends once
+        // everything below has executed.
+        down.arg1 = self.next_seq;
         heir_ctrl.push_front(down);
         // A response frame the driver was writing on the dead rail no longer matters (its log
         // entry is resent from a copy); requests waiting for it may go ahead.
@@ -266,6 +274,32 @@ impl Session {
             }
         }
         self.retry_stalled();
+    }
+
+    /// The peer gave rail `rail` up, and every request it posted before that carries a
+    /// sequence number below `boundary`.
+    pub(super) fn peer_rail_down(&mut self, rail: usize, boundary: u64) {
+        self.rail_down(rail);
+        self.down_unheard &= !(1 << rail);
+        self.recover_until = self.recover_until.max(boundary);
+        self.end_recovery();
+    }
+
+    /// Leaves recovery once nothing the peer sent before its rail losses can still arrive
+    /// out of turn: both sides have told each other of every dead rail, every request
+    /// below the peer's boundary has executed (later copies of them are dropped as
+    /// retransmissions already received), and nothing is staged. Requests ahead of their
+    /// turn then stall or are placed early again, as before the loss, instead of being
+    /// copied aside.
+    pub(super) fn end_recovery(&mut self) {
+        if self.recovering
+            && self.down_unheard == 0
+            && self.frontier >= self.recover_until
+            && self.staged.is_empty()
+        {
+            self.recovering = false;
+            tracing::debug!(endpoint = self.endpoint_id, "recovered from rail loss");
+        }
     }
 
     /// A new connection replaces failed `rail` (if the rail was still considered alive, it is
@@ -366,6 +400,75 @@ mod tests {
         assert!(resent > 0, "the lost frames went again on rail 1");
         assert!(p.s[0].retx.is_empty());
         assert!(p.s[0].rails[1].log.is_empty(), "all acknowledged");
+    }
+
+    /// Recovery ends once the requests from before the loss have executed: later writes
+    /// are placed ahead of their turn again (relaxed placement), not copied aside.
+    #[test]
+    fn recovery_ends_and_early_placement_resumes_after_a_rail_loss() {
+        let cfg = SessionConfig {
+            relaxed_placement: true,
+            ..SessionConfig::default()
+        };
+        let mut p = Pair::new(cfg, 3);
+        let src = p.region(0, 1 << 20, 5);
+        let dst = p.region(1, 1 << 20, 0);
+        let key = dst.remote_key().key;
+        // Two commuting 4 KiB writes, the first held on rail 0: the second is placed early.
+        let pair_of_writes = |p: &mut Pair, first_id: u64| {
+            for (id, addr) in [(first_id, 0), (first_id + 1, 4096)] {
+                let w = Request::Write {
+                    local: vec![src.slice(0, 4096).unwrap()],
+                    rkey: key,
+                    addr,
+                    imm: None,
+                };
+                p.post(0, id, w);
+            }
+            p.held[0] = true;
+            p.run();
+            p.held[0] = false;
+            p.run();
+            assert!(
+                p.errors[0].is_empty() && p.errors[1].is_empty(),
+                "{:?}",
+                p.errors
+            );
+        };
+        pair_of_writes(&mut p, 1);
+        let early = p.s[1].early_chunks();
+        assert!(early > 0, "the pattern exercises early placement");
+        // A 1 MiB write in flight on every rail when rail 2 dies.
+        let w = Request::Write {
+            local: vec![src.as_sge()],
+            rkey: key,
+            addr: 0,
+            imm: None,
+        };
+        p.post(0, 10, w);
+        for _ in 0..3 {
+            p.step();
+        }
+        p.lose_rail(2);
+        assert!(p.s[0].recovering && p.s[1].recovering);
+        pair_of_writes(&mut p, 11);
+        assert!(
+            !p.s[0].recovering && !p.s[1].recovering,
+            "both sides told each other and executed what came before"
+        );
+        let early = p.s[1].early_chunks();
+        pair_of_writes(&mut p, 21);
+        assert!(
+            p.s[1].early_chunks() > early,
+            "writes after the recovery are placed early again"
+        );
+        let ids: Vec<_> = p.done[0].iter().map(|c| (c.wr_id, c.status)).collect();
+        let want: Vec<_> = [1, 2, 10, 11, 12, 21, 22]
+            .into_iter()
+            .map(|id| (id, Status::Success))
+            .collect();
+        assert_eq!(ids, want);
+        assert_eq!(dst.to_vec(0, 1 << 20).unwrap(), vec![5; 1 << 20]);
     }
 
     #[test]

@@ -105,8 +105,15 @@ pub struct Session {
     next_token: u64,
     /// Frames of dead rails to send again.
     retx: VecDeque<LogEntry>,
-    /// A rail has been lost: requests ahead of their turn are staged instead of stalling.
+    /// A rail has been lost: requests ahead of their turn are staged instead of stalling
+    /// (and none is placed early), until the peer's requests from before the loss have all
+    /// executed (see `end_recovery`).
     recovering: bool,
+    /// The peer's first sequence number after its last rail loss (from its `RailDown`s):
+    /// every request that may still come as a retransmission is below it.
+    recover_until: u64,
+    /// Dead rails whose `RailDown` from the peer has not arrived yet (a bit per rail).
+    down_unheard: u64,
     staged: BTreeMap<u64, VecDeque<Staged>>,
     /// Writes placed (in part) ahead of their turn, by sequence number.
     early: BTreeMap<u64, EarlyOp>,
@@ -160,6 +167,8 @@ impl Session {
             next_token: 0,
             retx: VecDeque::new(),
             recovering: false,
+            recover_until: 0,
+            down_unheard: 0,
             staged: BTreeMap::new(),
             early: BTreeMap::new(),
             early_chunks: 0,

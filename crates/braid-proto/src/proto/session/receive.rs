@@ -181,7 +181,7 @@ impl Session {
                 if r >= self.rails.len() || r == rail {
                     return Err(unknown());
                 }
-                self.rail_down(r);
+                self.peer_rail_down(r, h.arg1);
                 Ok(RxAction::Done)
             }
             Opcode::Done | Opcode::AtomicResponse => {

@@ -418,6 +418,9 @@ impl Session {
     pub(super) fn advance_frontier(&mut self) {
         self.frontier += 1;
         self.retry_stalled();
+        if self.recovering && self.frontier >= self.recover_until {
+            self.end_recovery();
+        }
     }
 
     pub(super) fn retry_stalled(&mut self) {
