@@ -37,7 +37,8 @@ pub struct Row {
 /// The whole demo document.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
-    /// "netns" (shaped testbed) or "loopback" (unshaped).
+    /// "netns" (shaped testbed), "netns-unshaped" (testbed rails without tbf) or "loopback"
+    /// (unshaped).
     pub testbed: String,
     /// What `efficiency` is relative to.
     pub efficiency_basis: String,

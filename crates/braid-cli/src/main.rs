@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use braid_bench::baseline::{self, ClientOpts, Mode, ServerOpts};
 use braid_bench::{bench, demo};
-use braid_testbed::parse::{self, RailSpec, Rate, parse_rate};
+use braid_testbed::parse::{self, RailSpec, Rate, parse_rate_or_none};
 use braid_testbed::testbed::{Testbed, TestbedSpec};
 
 // perftest-style benchmarks (braid-bench's bench module). The demo runs, as subprocesses:
@@ -99,9 +99,10 @@ struct ShapeArgs {
     /// Number of rails (veth pairs) per host pair.
     #[arg(long, default_value_t = 4)]
     rails: usize,
-    /// Rate of every rail (tc units: 1gbit, 250mbit, ...).
-    #[arg(long, default_value = "1gbit", value_parser = parse_rate)]
-    rate: Rate,
+    /// Rate of every rail (tc units: 1gbit, 250mbit, ...), or `none` for unshaped rails (no
+    /// tbf: plain veth, as fast as the CPUs move packets, like a 10-100 GbE NIC).
+    #[arg(long, default_value = "1gbit", value_parser = rail_rate)]
+    rate: RailRate,
     /// Per-rail rates, overriding --rails and --rate (e.g. 1gbit,1gbit,1gbit,250mbit).
     #[arg(long, value_parser = parse::parse_rates)]
     rates: Option<std::vec::Vec<Rate>>,
@@ -110,11 +111,25 @@ struct ShapeArgs {
     mtu: u32,
 }
 
+/// A rail's rate, or none (`--rate none`: no tbf).
+#[derive(Debug, Clone, Copy)]
+struct RailRate(Option<Rate>);
+
+fn rail_rate(s: &str) -> Result<RailRate> {
+    parse_rate_or_none(s).map(RailRate)
+}
+
 impl ShapeArgs {
+    /// The rails' rates (with `--rate none`, placeholders that only count rails).
     fn rates(&self) -> Vec<Rate> {
-        self.rates
-            .clone()
-            .unwrap_or_else(|| vec![self.rate; self.rails])
+        self.rates.clone().unwrap_or_else(|| {
+            vec![self.rate.0.unwrap_or(Rate::from_bits(1_000_000_000)); self.rails]
+        })
+    }
+
+    /// `--rate none` without `--rates`: no tbf on the rails.
+    fn unshaped(&self) -> bool {
+        self.rate.0.is_none() && self.rates.is_none()
     }
 }
 
@@ -142,7 +157,8 @@ enum TestbedCmd {
         hosts: usize,
         #[command(flatten)]
         shape: ShapeArgs,
-        /// No tbf on the rails (plain veth, CPU-bound); --rate and --rates then only count rails.
+        /// No tbf on the rails (plain veth, CPU-bound), as `--rate none`; --rate and --rates
+        /// then only count rails.
         #[arg(long)]
         unshaped: bool,
     },
@@ -368,7 +384,7 @@ fn testbed_cmd(cmd: TestbedCmd) -> Result<()> {
                 hosts,
                 rates: shape.rates(),
                 mtu: shape.mtu,
-                unshaped,
+                unshaped: unshaped || shape.unshaped(),
             };
             let tb = Testbed::up(&spec)?;
             print!("{}", tb.status()?);
@@ -415,6 +431,7 @@ fn real_main() -> Result<()> {
                 json: a.json,
                 chart: a.chart,
                 loopback: a.loopback,
+                unshaped: a.shape.unshaped(),
             };
             demo::run(&opts).map(|_| ())
         }

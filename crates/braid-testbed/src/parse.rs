@@ -103,6 +103,16 @@ pub fn parse_rate(s: &str) -> Result<Rate> {
     Ok(Rate::from_bits(bits as u64))
 }
 
+/// Parses a rate, or `none` for rails without a rate limit (no `tbf`: each veth runs as
+/// fast as the CPUs move packets, as on a 10-100 GbE NIC): `None`.
+pub fn parse_rate_or_none(s: &str) -> Result<Option<Rate>> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        Ok(None)
+    } else {
+        parse_rate(s).map(Some)
+    }
+}
+
 /// Parses a comma-separated list of rates (`1gbit,1gbit,250mbit`).
 pub fn parse_rates(s: &str) -> Result<Vec<Rate>> {
     s.split(',').map(parse_rate).collect()
@@ -234,6 +244,13 @@ mod tests {
         assert_eq!(v[3].to_string(), "250mbit");
         assert_eq!(v[0].to_string(), "1gbit");
         assert_eq!(v[0].tc_arg(), "1000000000bit");
+        assert_eq!(parse_rate_or_none("none").unwrap(), None);
+        assert_eq!(parse_rate_or_none(" None ").unwrap(), None);
+        assert_eq!(
+            parse_rate_or_none("1gbit").unwrap().map(|r| r.bits_per_s),
+            Some(1_000_000_000)
+        );
+        assert!(parse_rate_or_none("nothing").is_err());
     }
 
     #[test]
