@@ -101,6 +101,50 @@ fn large_transfers_round_trip_zero_copy() {
     );
 }
 
+/// A file written far enough for the server's early writeback (which unmaps the written
+/// range from the server before starting its writeback), then rewritten inside that range:
+/// every byte is on the server and reads back.
+#[test]
+fn writes_behind_the_early_writeback_and_rewrites_there_keep_every_byte() {
+    const MIB: usize = 1 << 20;
+    const PIECES: usize = 160;
+    let s = setup(false);
+    let c = s.client();
+    let (_, f) = c
+        .create(c.root().node, b"long", 0o644, libc::O_RDWR)
+        .unwrap();
+    let buf = s.ctx.alloc_region(MIB, Access::LOCAL_WRITE).unwrap();
+    let mut want = Vec::with_capacity(PIECES * MIB);
+    for i in 0..PIECES {
+        let piece = pattern(MIB, i as u64);
+        buf.write_at(0, &piece).unwrap();
+        f.write_at((i * MIB) as u64, &buf, 0, MIB).unwrap();
+        want.extend_from_slice(&piece);
+    }
+    // Pieces 3 and 40 lie in ranges whose writeback has started: written again.
+    for i in [3usize, 40] {
+        let piece = pattern(MIB, 1000 + i as u64);
+        buf.write_at(0, &piece).unwrap();
+        f.write_at((i * MIB) as u64, &buf, 0, MIB).unwrap();
+        want[i * MIB..(i + 1) * MIB].copy_from_slice(&piece);
+    }
+    f.flush().unwrap();
+    let on_server = std::fs::read(s.root.join("long")).unwrap();
+    assert_eq!(on_server.len(), want.len());
+    assert!(
+        on_server == want,
+        "the server's file differs from what was written"
+    );
+    let out = s.ctx.alloc_region(MIB, Access::LOCAL_WRITE).unwrap();
+    for i in [0usize, 3, 40, 100, PIECES - 1] {
+        assert_eq!(f.read_at((i * MIB) as u64, &out, 0, MIB).unwrap(), MIB);
+        assert!(
+            out.to_vec(0, MIB).unwrap() == want[i * MIB..(i + 1) * MIB],
+            "piece {i}"
+        );
+    }
+}
+
 #[test]
 fn sparse_file_past_4_gib() {
     let s = setup(false);

@@ -606,7 +606,8 @@ impl Export {
             r.populate(old, attr.size);
             // ... and has had time to fill what lies well before the old end.
             if let Some((from, to)) = r.writeback_range(old) {
-                self.writeback.request(&f.fd, from, to);
+                self.writeback
+                    .request(&f.fd, r.writable_mappings(), from, to);
             }
             return Ok(Mapped { attr, region });
         }

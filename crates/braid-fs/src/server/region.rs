@@ -28,6 +28,36 @@ pub(crate) struct FileRegion {
 }
 
 impl FileRegion {
+    /// Drops this process's page-table entries for `[from, to)` of the file (clipped to the
+    /// registration); the pages and their dirty data stay in the page cache. The kernel's
+    /// writeback write-protects every mapped dirty page before writing it, which on a
+    /// process running on several CPUs costs a TLB shootdown (an inter-processor interrupt)
+    /// per page; with no mapping left there is nothing to write-protect, and dropping the
+    /// entries costs one shootdown for the whole range. A later remote write there faults
+    /// the page back in.
+    pub(crate) fn unmap_pages(&self, from: u64, to: u64) {
+        let page = rustix::param::page_size() as u64;
+        let start = from.next_multiple_of(page);
+        let end = (to.min(self.info.len) / page) * page;
+        if end <= start {
+            return;
+        }
+        // SAFETY: [start, end) lies inside the registration's mapping; MADV_DONTNEED on a
+        // shared file mapping only drops page-table entries (the data stays in the page
+        // cache, dirty pages keep their dirty state), and a concurrent access faults the
+        // page back in: nothing is read or written from user space here.
+        let res = unsafe {
+            rustix::mm::madvise(
+                self.region.as_mut_ptr().add(start as usize).cast(),
+                (end - start) as usize,
+                rustix::mm::Advice::LinuxDontNeed,
+            )
+        };
+        if let Err(e) = res {
+            tracing::debug!("dropping the mapping of file pages {start}..{end}: {e}");
+        }
+    }
+
     /// Registers `len` bytes of the file open as `fd` from offset 0; `writable` grants
     /// remote writes (then `fd` must be open read-write).
     pub(crate) fn register(
@@ -148,6 +178,11 @@ impl FileRegions {
         if let Err(e) = res {
             tracing::debug!("populating file pages {start}..{end}: {e}");
         }
+    }
+
+    /// The writable registrations (clients' writes land through their mappings).
+    pub(crate) fn writable_mappings(&self) -> Vec<Arc<FileRegion>> {
+        self.read_write.clone()
     }
 
     /// Ends every registration (the last handle closed).
