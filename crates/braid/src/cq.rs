@@ -208,7 +208,12 @@ impl CompletionQueue {
     }
 
     pub(crate) fn unreserve(&self) {
-        self.inner.reserved.fetch_sub(1, Ordering::AcqRel);
+        self.unreserve_n(1);
+    }
+
+    /// Frees the slots of `n` operations that completed without a completion entry.
+    pub(crate) fn unreserve_n(&self, n: usize) {
+        self.inner.reserved.fetch_sub(n, Ordering::AcqRel);
     }
 
     pub(crate) fn push(&self, c: Completion) {

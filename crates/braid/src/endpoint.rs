@@ -1,5 +1,7 @@
 //! Endpoints: the operations an application posts to one peer.
 
+mod batch;
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
@@ -12,6 +14,8 @@ use crate::engine::{Command, EndpointShared, Engine};
 use braid_proto::error::Error;
 use braid_proto::mem::region::{RemoteKey, RemoteSge, Sge, sgl_len};
 use braid_proto::{PostError, Request, SessionConfig};
+
+pub use batch::{Op, PostListError, WorkRequest};
 
 /// Operations at most this large are written from the posting thread when a rail is idle
 /// (the inline fast path); larger ones are handed to the progress engine.

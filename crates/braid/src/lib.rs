@@ -49,4 +49,4 @@ pub use braid_proto::{
 };
 pub use context::{Context, ContextConfig, Listener, SECRET_ENV, SECRET_FILE_ENV};
 pub use cq::{ArmedQueue, CompletionQueue, NextCompletion};
-pub use endpoint::{Endpoint, EndpointOptions, RailAddr};
+pub use endpoint::{Endpoint, EndpointOptions, Op, PostListError, RailAddr, WorkRequest};

@@ -185,6 +185,11 @@ pub struct ClientArgs {
     /// operation are adjacent in memory, so --verify checks them as one slot).
     #[arg(short = 'v', long = "pieces")]
     pub pieces: Option<usize>,
+    /// Bandwidth tests: post operations in lists of this many (`Endpoint::post_list`: one
+    /// lock and one flush per list), only the last of each list signaled (the others
+    /// complete silently, as verbs work requests without `IBV_SEND_SIGNALED`).
+    #[arg(long)]
+    pub post_list: Option<usize>,
 }
 
 /// The striping window of each rail (`SessionConfig`): a rail takes the next chunk while its

@@ -126,6 +126,10 @@ impl EndpointShared {
                 _ => self.send_cq.push(c),
             }
         }
+        let silent = s.take_unsignaled_done();
+        if silent > 0 {
+            self.send_cq.unreserve_n(silent as usize);
+        }
     }
 
     /// Fails the endpoint because `rail` broke.

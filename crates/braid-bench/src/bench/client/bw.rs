@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use braid::{Access, Context, Error as BraidError, RemoteKey, RemoteSge, Sge};
+use braid::{
+    Access, Context, Error as BraidError, Op as ListOp, RemoteKey, RemoteSge, Sge, WorkRequest,
+};
 
 use crate::bench::output::Row;
 use crate::bench::{
@@ -135,7 +137,44 @@ pub(super) fn run_bw(
         if !stop && (posted >= plan.iters || deadline.is_some_and(|d| Instant::now() >= d)) {
             stop = true;
         }
-        while !stop && posted - done < depth && posted < plan.iters {
+        if let Some(n) = plan.post_list {
+            // Whole lists only, so every list ends with a signaled operation.
+            let n = n as u64;
+            while !stop && posted - done + n <= depth.max(n) && posted + n <= plan.iters {
+                let list: Vec<WorkRequest<'_>> = (posted..posted + n)
+                    .map(|i| {
+                        let local = &sges[(i % lslots) as usize][..];
+                        let remote_offset = (i % rslots) * size as u64;
+                        let op = match op {
+                            Op::Write => ListOp::Write {
+                                local,
+                                remote: &rkey,
+                                remote_offset,
+                                imm: None,
+                            },
+                            Op::Read => ListOp::Read {
+                                local,
+                                remote: &rkey,
+                                remote_offset,
+                            },
+                            _ => ListOp::Send { local, imm: None },
+                        };
+                        WorkRequest {
+                            wr_id: i,
+                            op,
+                            signaled: i == posted + n - 1,
+                        }
+                    })
+                    .collect();
+                // Within -q nothing is refused for room; a refused list would leave its
+                // posted part without a signaled end, so it ends the run.
+                peer.ep
+                    .post_list(&list)
+                    .with_context(|| format!("posting a list of {n} {} operations", op.name()))?;
+                posted += n;
+            }
+        }
+        while plan.post_list.is_none() && !stop && posted - done < depth && posted < plan.iters {
             let i = posted;
             let slot = (i % lslots) as usize;
             let roff = (i % rslots) * size as u64;
@@ -195,6 +234,10 @@ pub(super) fn run_bw(
         last_progress = Instant::now();
         for c in &comps {
             check_status(c, op.name())?;
+            if plan.post_list.is_some() && c.wr_id >= done {
+                // The list's last operation: every one before it completed too.
+                done = c.wr_id;
+            }
             if c.wr_id != done {
                 bail!(
                     "{}: completion {} arrived where {done} was due (order broken)",

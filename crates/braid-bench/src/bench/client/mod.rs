@@ -33,6 +33,8 @@ struct Plan {
     chunk: Option<usize>,
     /// `-v`: pieces per vectored operation.
     pieces: Option<usize>,
+    /// `--post-list`: operations per list, the last one signaled.
+    post_list: Option<usize>,
 }
 
 impl Plan {
@@ -58,6 +60,7 @@ impl Plan {
             stall: self.stall,
             chunk: self.chunk,
             pieces: self.pieces,
+            post_list: self.post_list,
         }
     }
 }
@@ -106,7 +109,19 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
         stall,
         chunk: a.chunk,
         pieces: a.pieces,
+        post_list: a.post_list,
     };
+    if let Some(n) = a.post_list {
+        if op.is_lat() || op == Op::FetchAdd {
+            bail!("--post-list applies to the write, read and send bandwidth tests");
+        }
+        if a.verify || a.pieces.is_some() {
+            bail!("--post-list does not combine with --verify or -v");
+        }
+        if n == 0 || n > MAX_DEPTH {
+            bail!("--post-list must be 1 .. {MAX_DEPTH}");
+        }
+    }
     if let Some(n) = a.pieces {
         if !matches!(op, Op::Write | Op::Read) {
             bail!("-v/--pieces applies to write and read tests");

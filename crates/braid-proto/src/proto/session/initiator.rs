@@ -44,6 +44,8 @@ pub(super) struct OutOp {
     /// A failure found on the way (a local file page gone while sending or placing, or a
     /// response chunk flagged by the target); the completion reports it.
     pub(super) fault: Option<Status>,
+    /// Report a successful completion (`false`: only a failure is reported).
+    pub(super) signaled: bool,
 }
 
 impl OutOp {
@@ -129,6 +131,20 @@ pub(super) fn wire_status(st: WireStatus) -> Status {
 impl Session {
     /// Queues an operation. On success exactly one completion for `wr_id` will follow.
     pub fn post(&mut self, wr_id: u64, req: Request) -> Result<u64, PostError> {
+        self.post_with(wr_id, req, true)
+    }
+
+    /// [`Session::post`]; unless `signaled`, a success produces no completion (as a verbs
+    /// work request without `IBV_SEND_SIGNALED`): it is counted for
+    /// [`Session::take_unsignaled_done`] instead. A failure is always reported. Operations
+    /// complete in order, so a later signaled completion also says that every earlier
+    /// unsignaled operation succeeded.
+    pub fn post_with(
+        &mut self,
+        wr_id: u64,
+        req: Request,
+        signaled: bool,
+    ) -> Result<u64, PostError> {
         if self.failed.is_some() {
             return Err(PostError::Closed);
         }
@@ -160,6 +176,7 @@ impl Session {
             expect_trailer: false,
             trailer: None,
             fault: None,
+            signaled,
         };
         if let Request::WriteV { local, remote } | Request::ReadV { local, remote } = &req {
             check_vectored(local, remote)?;
@@ -359,8 +376,12 @@ impl Session {
         while self.ops.front().is_some_and(|o| o.done.is_some()) {
             let op = self.ops.pop_front().expect("front exists");
             let (status, value) = op.done.expect("checked");
-            let c = op.completion(status, value, self.endpoint_id);
-            self.completions.push_back(c);
+            if op.signaled || !status.is_ok() {
+                let c = op.completion(status, value, self.endpoint_id);
+                self.completions.push_back(c);
+            } else {
+                self.unsignaled_done += 1;
+            }
         }
     }
 }
@@ -409,6 +430,31 @@ mod tests {
         assert_eq!(bounds(&[]), None);
         assert_eq!(bounds(&[(1, 10, 20), (1, 0, 5)]), Some((1, 0, 20)));
         assert_eq!(bounds(&[(1, 10, 20), (2, 0, 5)]), None);
+    }
+
+    /// Unsignaled operations complete silently when they succeed (counted for the driver)
+    /// and report when they fail; the rest keep their order.
+    #[test]
+    fn unsignaled_successes_are_counted_and_failures_reported() {
+        let mut p = Pair::new(SessionConfig::default(), 1);
+        let src = p.region(0, 64, 1);
+        let dst = p.region(1, 64, 0);
+        let key = dst.remote_key().key;
+        let write = |addr| Request::Write {
+            local: vec![src.as_sge()],
+            rkey: key,
+            addr,
+            imm: None,
+        };
+        p.s[0].post_with(1, write(0), false).unwrap();
+        p.s[0].post_with(2, write(4096), false).unwrap();
+        p.s[0].post_with(3, write(0), false).unwrap();
+        p.s[0].post_with(4, write(0), true).unwrap();
+        p.run();
+        let got: Vec<_> = p.done[0].iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(got, [(2, Status::RemoteAccessError), (4, Status::Success)]);
+        assert_eq!(p.s[0].take_unsignaled_done(), 2);
+        assert_eq!(p.s[0].take_unsignaled_done(), 0);
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub struct Session {
     cur: Option<TargetOp>,
     recvs: VecDeque<PostedRecv>,
     completions: VecDeque<Completion>,
+    /// Unsignaled operations that succeeded since the driver last asked.
+    unsignaled_done: u64,
     rx_retry: u64,
     failed: Option<Status>,
     reads_active: Vec<ReadGuard>,
@@ -158,6 +160,7 @@ impl Session {
             cur: None,
             recvs: VecDeque::new(),
             completions: VecDeque::new(),
+            unsignaled_done: 0,
             rx_retry: 0,
             failed: None,
             reads_active: Vec::new(),
@@ -218,6 +221,12 @@ impl Session {
     /// The next completion, in order.
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()
+    }
+
+    /// Unsignaled operations (see [`Session::post_with`]) that succeeded since the last
+    /// call: they hold no completion, so the driver frees what it reserved for them.
+    pub fn take_unsignaled_done(&mut self) -> u64 {
+        std::mem::take(&mut self.unsignaled_done)
     }
 
     /// Number of completions waiting to be polled.
