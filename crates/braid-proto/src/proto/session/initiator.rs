@@ -7,7 +7,6 @@ use crate::mem::region::{Access, RemoteSge, Sge, sgl_len};
 use crate::wire::sgl::{MAX_REMOTE_SGE, WireSge};
 use crate::wire::{Opcode, WireStatus};
 
-use super::relaxed::Disjoint;
 use super::transmit::ReqCursor;
 use super::types::{PostError, Request};
 use super::{PostedRecv, Session};
@@ -49,6 +48,15 @@ pub(super) struct OutOp {
 }
 
 impl OutOp {
+    /// The key a write with one-key bounds writes to: later writes to that key may commute
+    /// with it. `None`: no write may pass this operation while it is outstanding.
+    fn commuting_key(&self) -> Option<u64> {
+        match self.opcode {
+            Opcode::Write | Opcode::WriteV => self.bounds.map(|b| b.0),
+            _ => None,
+        }
+    }
+
     pub(super) fn completion(
         &self,
         status: Status,
@@ -290,36 +298,15 @@ impl Session {
             && op.total > 0
         {
             // Completed operations have executed at the target; every other earlier one must
-            // commute with this write: a write to this write's keys at disjoint ranges
-            // (another key may name the same memory). Past a budget of ranges, assume not.
-            // Bounding intervals settle the usual case (separate slots) without looking at
-            // the pieces.
+            // commute with this write: a write to this write's key at disjoint ranges
+            // (another key may name the same memory).
             op.bounds = bounds(&op.ranges);
-            let bounds = op.bounds;
-            let mut mine: Option<Disjoint> = None;
-            let mut budget: usize = 1 << 16;
-            op.early = bounds.is_some()
-                && self.ops.iter().all(|o| {
-                    if o.done.is_some() {
-                        return true;
-                    }
-                    if !matches!(o.opcode, Opcode::Write | Opcode::WriteV) {
-                        return false;
-                    }
-                    match (bounds, o.bounds) {
-                        (Some((k, s, e)), Some((k2, s2, e2))) if k == k2 => {
-                            if e <= s2 || e2 <= s {
-                                return true;
-                            }
-                        }
-                        _ => return false,
-                    }
-                    budget = budget.saturating_sub(o.ranges.len());
-                    let mine = mine.get_or_insert_with(|| Disjoint::new(&op.ranges));
-                    budget > 0 && o.ranges.iter().all(|r| mine.misses(r))
-                });
+            op.early = self.pending_writes.commutes(&op.ranges, op.bounds);
         }
         self.next_seq += 1;
+        if self.cfg.relaxed_placement {
+            self.pending_writes.add(seq, op.commuting_key(), &op.ranges);
+        }
         self.ops.push_back(op);
         self.tx_req.push_back(ReqCursor {
             seq,
@@ -372,6 +359,11 @@ impl Session {
             Some(f) if status.is_ok() => f,
             _ => status,
         };
+        if self.cfg.relaxed_placement && self.ops[i].done.is_none() {
+            let op = &self.ops[i];
+            self.pending_writes
+                .remove(op.seq, op.commuting_key(), &op.ranges);
+        }
         self.ops[i].done = Some((status, value));
         while self.ops.front().is_some_and(|o| o.done.is_some()) {
             let op = self.ops.pop_front().expect("front exists");

@@ -95,6 +95,8 @@ pub struct Session {
     completions: VecDeque<Completion>,
     /// Unsignaled operations that succeeded since the driver last asked.
     unsignaled_done: u64,
+    /// The ranges of outstanding writes (with relaxed placement).
+    pending_writes: relaxed::PendingWrites,
     rx_retry: u64,
     failed: Option<Status>,
     reads_active: Vec<ReadGuard>,
@@ -161,6 +163,7 @@ impl Session {
             recvs: VecDeque::new(),
             completions: VecDeque::new(),
             unsignaled_done: 0,
+            pending_writes: Default::default(),
             rx_retry: 0,
             failed: None,
             reads_active: Vec::new(),
@@ -269,6 +272,7 @@ impl Session {
         for r in &mut self.rails {
             r.ctrl.retain(|h| h.opcode == Opcode::Close);
         }
+        self.pending_writes.clear();
         for op in self.ops.drain(..) {
             let (status, value) = op.done.unwrap_or((status, None));
             let c = op.completion(status, value, self.endpoint_id);
