@@ -41,6 +41,9 @@ pub(crate) trait Driver: Send + Sync {
     fn hold(&self, sleeping: bool);
     /// Sends the frames that wait, without blocking.
     fn flush(&self);
+    /// Reads one rail (waiting for another thread's read of it to end), as the engine
+    /// does on the rail's readable edge.
+    fn read_rail(&self, rail: usize);
 }
 
 struct CqInner {
@@ -308,7 +311,6 @@ impl CompletionQueue {
                 if self.is_empty() {
                     armed.sleep(left);
                 }
-                armed.progress();
             }
         }
         for d in self.inner.drivers.lock().iter().filter_map(Weak::upgrade) {

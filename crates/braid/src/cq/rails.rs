@@ -77,8 +77,9 @@ impl RailSet {
     }
 
     /// Waits up to `timeout` for an edge (data on a socket, or the waker); takes every
-    /// edge that is queued, so that the set's descriptor is quiet afterwards.
-    fn wait(&mut self, timeout: Duration) {
+    /// edge that is queued, so that the set's descriptor is quiet afterwards, and appends
+    /// the sockets that had one to `ready`.
+    fn wait(&mut self, timeout: Duration, ready: &mut Vec<RawFd>) {
         let mut timeout = Some(timeout);
         for _ in 0..16 {
             match self.poll.poll(&mut self.events, timeout) {
@@ -89,7 +90,14 @@ impl RailSet {
                     return;
                 }
             }
-            if self.events.iter().count() < self.events.capacity() {
+            let mut n = 0;
+            for ev in self.events.iter() {
+                n += 1;
+                if ev.token() != WAKER {
+                    ready.push(ev.token().0 as RawFd);
+                }
+            }
+            if n < self.events.capacity() {
                 return;
             }
             timeout = Some(Duration::ZERO);
@@ -110,6 +118,10 @@ pub struct ArmedQueue<'a> {
     cq: &'a CompletionQueue,
     set: MutexGuard<'a, RailSet>,
     drivers: Vec<Arc<dyn Driver>>,
+    /// Which driver and rail each socket of the set belongs to.
+    sockets: Vec<(RawFd, usize, usize)>,
+    /// Sockets with an edge from the last sleep.
+    ready: Vec<RawFd>,
 }
 
 impl<'a> ArmedQueue<'a> {
@@ -119,18 +131,34 @@ impl<'a> ArmedQueue<'a> {
         drivers: Vec<Arc<dyn Driver>>,
     ) -> ArmedQueue<'a> {
         let mut fds = Vec::new();
-        for d in &drivers {
+        let mut sockets = Vec::new();
+        for (i, d) in drivers.iter().enumerate() {
+            let from = fds.len();
             d.rail_fds(&mut fds);
+            sockets.extend(
+                fds[from..]
+                    .iter()
+                    .enumerate()
+                    .map(|(rail, &(fd, _))| (fd, i, rail)),
+            );
         }
         set.sync(&fds);
-        // Edges left from the last time: their bytes are read by the poll that follows.
-        set.wait(Duration::ZERO);
+        // Edges left from the last time: their bytes are read by the full pass below.
+        let mut ready = Vec::new();
+        set.wait(Duration::ZERO, &mut ready);
+        ready.clear();
         for d in &drivers {
             d.hold(true);
         }
         // From here a completion pushed by another thread rings the waker (see push).
         cq.inner.rail_sleeper.store(true, Ordering::SeqCst);
-        let armed = ArmedQueue { cq, set, drivers };
+        let armed = ArmedQueue {
+            cq,
+            set,
+            drivers,
+            sockets,
+            ready,
+        };
         armed.progress();
         armed
     }
@@ -146,9 +174,24 @@ impl<'a> ArmedQueue<'a> {
         }
     }
 
-    /// Sleeps until data arrives on a rail, a completion is pushed, or `timeout` passes.
+    /// Sleeps until data arrives on a rail, a completion is pushed, or `timeout` passes;
+    /// then reads the rails that had data (each with the blocking receive lock, so bytes
+    /// another thread left behind are read too) and sends what that produced.
     pub(super) fn sleep(&mut self, timeout: Duration) {
-        self.set.wait(timeout);
+        self.ready.clear();
+        self.set.wait(timeout, &mut self.ready);
+        let mut touched: Vec<usize> = Vec::new();
+        for fd in &self.ready {
+            if let Some(&(_, d, rail)) = self.sockets.iter().find(|s| s.0 == *fd) {
+                self.drivers[d].read_rail(rail);
+                if !touched.contains(&d) {
+                    touched.push(d);
+                }
+            }
+        }
+        for d in touched {
+            self.drivers[d].flush();
+        }
     }
 }
 

@@ -277,6 +277,17 @@ impl crate::cq::Driver for EndpointShared {
         }
     }
 
+    fn read_rail(&self, rail: usize) {
+        if self.closed.load(Ordering::Acquire) || rail >= self.rails.len() {
+            return;
+        }
+        self.app_polled.store(clock_ns(), Ordering::Release);
+        self.rx_run(rail);
+        if self.session.lock().rx_retry_pending() {
+            self.kicker.kick(self.id);
+        }
+    }
+
     fn flush(&self) {
         if self.closed.load(Ordering::Acquire) {
             return;
