@@ -1,0 +1,48 @@
+#!/bin/bash
+# 8 B latency over one unshaped testbed rail, braid against UCX and TCP in alternation
+# (issue 17's first goal): braid's write_with_imm ping-pong busy-polled and with blocking
+# waits (`braid bench write-lat --baseline`, which also runs the busy-polling and the
+# blocking TCP ping-pong on the same rail), then `ucx_perftest -t tag_lat` over TCP
+# (UCX_TLS=tcp) on the same rail. Needs root and ucx-utils; makes the testbed `latu` and
+# removes it at the end.
+# usage: scripts/lat-vs-ucx.sh [BRAID] [ROUNDS] [BRAID_BENCH_ARGS...]
+set -euo pipefail
+BRAID=${1:-target/release/braid}
+ROUNDS=${2:-3}
+shift $(( $# < 2 ? $# : 2 ))
+command -v ucx_perftest >/dev/null || { echo "ucx_perftest missing (apt-get install ucx-utils)" >&2; exit 1; }
+"$BRAID" testbed up --name latu --hosts 2 --rails 1 --rate none >/dev/null
+cleanup() { "$BRAID" testbed down --name latu >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+H0="ip netns exec latu-h0"; H1="ip netns exec latu-h1"
+A=198.18.0.1; B=198.18.0.2
+out=$(mktemp -d)
+for r in $(seq 1 "$ROUNDS"); do
+    $H1 "$BRAID" bench server --listen $B:19600 >/dev/null 2>&1 &
+    sp=$!
+    sleep 0.4
+    $H0 "$BRAID" bench write-lat --rails $A=$B:19600 -s 8 -n 20000 --baseline "$@" \
+        --json "$out/b.json" >/dev/null 2>&1 || echo "round $r: braid run failed" >&2
+    wait $sp || true
+    UCX_TLS=tcp UCX_NET_DEVICES=p0r0 timeout 60 $H1 ucx_perftest -p 19601 >/dev/null 2>&1 &
+    up=$!
+    sleep 0.5
+    UCX_TLS=tcp UCX_NET_DEVICES=p1r0 timeout 60 $H0 ucx_perftest $B -p 19601 -t tag_lat -s 8 \
+        -n 20000 > "$out/u.txt" 2>&1 || echo "round $r: ucx_perftest failed" >&2
+    wait $up || true
+    python3 - "$out/b.json" "$out/u.txt" "$r" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))["results"][0]
+ucx = None
+for line in open(sys.argv[2]):
+    if line.startswith("Final:"):
+        ucx = float(line.split()[2])  # 50th percentile, one way (usec)
+poll, wait = b["lat_poll"]["median"], b["lat_wait"]["median"]
+tp, tw = b["tcp_lat_poll"]["median"], b["tcp_lat"]["median"]
+print(f"round {sys.argv[3]}: braid busy {poll:.2f} us, blocking {wait:.2f} us; "
+      f"UCX tag_lat {ucx} us; TCP busy {tp:.2f} us, blocking {tw:.2f} us; "
+      f"braid/UCX {poll / ucx:.2f}, busy braid/TCP {poll / tp:.2f}, blocking braid/TCP {wait / tw:.2f}"
+      if ucx else f"round {sys.argv[3]}: UCX gave no result")
+PY
+done
+rm -rf "$out"
