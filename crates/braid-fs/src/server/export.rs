@@ -606,8 +606,10 @@ impl Export {
             r.populate(old, attr.size);
             // ... and has had time to fill what lies well before the old end.
             if let Some((from, to)) = r.writeback_range(old) {
-                self.writeback
-                    .request(&f.fd, r.writable_mappings(), from, to);
+                // Unmapped from the server first: see FileRegion::unmap_pages.
+                let maps = r.writable_mappings();
+                let unmap = move || maps.iter().for_each(|m| m.unmap_pages(from, to));
+                self.writeback.request(&f.fd, Box::new(unmap), from, to);
             }
             return Ok(Mapped { attr, region });
         }

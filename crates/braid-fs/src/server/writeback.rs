@@ -9,19 +9,16 @@
 //! with `sync_file_range(SYNC_FILE_RANGE_WRITE)` (asynchronous, but it may block on a busy
 //! disk queue: hence a thread of its own, not the worker answering requests). A page that is
 //! still being written when its writeback starts is only written twice: the kernel marks it
-//! dirty again when the client's data lands. The range's pages are unmapped from the
-//! server first ([`FileRegion::unmap_pages`]), so the writeback has no mapping to
+//! dirty again when the client's data lands. A job may first unmap the range's pages from
+//! the server (`FileRegion::unmap_pages`), so the writeback has no mapping to
 //! write-protect page by page. Best effort throughout: the `fsync` of a commit is what
 //! makes data durable.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
-
-use super::region::FileRegion;
 
 /// Bytes before the end of the file left for the final commit: the client may still be
 /// writing there (the mount has up to 64 MiB in flight, the library 16 MiB per transfer).
@@ -35,8 +32,8 @@ pub(crate) const STEP: u64 = 8 << 20;
 
 struct Job {
     fd: OwnedFd,
-    /// The file's writable registrations: their mappings of the range go first.
-    mappings: Vec<Arc<FileRegion>>,
+    /// Runs first (the unmapping of the range).
+    before: Box<dyn FnOnce() + Send>,
     from: u64,
     to: u64,
 }
@@ -70,12 +67,12 @@ impl Writeback {
         }
     }
 
-    /// Asks for the writeback of `[from, to)` of the file open as `fd` to start, after the
-    /// range's pages are unmapped from `mappings` (see [`FileRegion::unmap_pages`]).
+    /// Asks for the writeback of `[from, to)` of the file open as `fd` to start, on the
+    /// writeback thread after `before` has run there.
     pub(crate) fn request(
         &self,
         fd: impl AsFd,
-        mappings: Vec<Arc<FileRegion>>,
+        before: Box<dyn FnOnce() + Send>,
         from: u64,
         to: u64,
     ) {
@@ -89,7 +86,7 @@ impl Writeback {
             Ok(fd) => {
                 let _ = tx.send(Job {
                     fd,
-                    mappings,
+                    before,
                     from,
                     to,
                 });
@@ -110,9 +107,7 @@ impl Drop for Writeback {
 
 fn run(rx: Receiver<Job>) {
     while let Ok(job) = rx.recv() {
-        for m in &job.mappings {
-            m.unmap_pages(job.from, job.to);
-        }
+        (job.before)();
         let len = job.to - job.from;
         // SAFETY: sync_file_range only reads its arguments; the descriptor is open.
         let r = unsafe {
