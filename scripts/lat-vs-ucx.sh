@@ -37,12 +37,14 @@ ucx = None
 for line in open(sys.argv[2]):
     if line.startswith("Final:"):
         ucx = float(line.split()[2])  # 50th percentile, one way (usec)
-poll, wait = b["lat_poll"]["median"], b["lat_wait"]["median"]
-tp, tw = b["tcp_lat_poll"]["median"], b["tcp_lat"]["median"]
-print(f"round {sys.argv[3]}: braid busy {poll:.2f} us, blocking {wait:.2f} us; "
-      f"UCX tag_lat {ucx} us; TCP busy {tp:.2f} us, blocking {tw:.2f} us; "
-      f"braid/UCX {poll / ucx:.2f}, busy braid/TCP {poll / tp:.2f}, blocking braid/TCP {wait / tw:.2f}"
-      if ucx else f"round {sys.argv[3]}: UCX gave no result")
+med = lambda k: b[k]["median"] if k in b else None
+poll, wait, tp, tw = med("lat_poll"), med("lat_wait"), med("tcp_lat_poll"), med("tcp_lat")
+line = f"round {sys.argv[3]}: braid busy {poll:.2f} us; UCX tag_lat {ucx} us; TCP busy {tp:.2f} us"
+if ucx:
+    line += f"; braid/UCX {poll / ucx:.2f}, busy braid/TCP {poll / tp:.2f}"
+if wait is not None and tw is not None:  # absent with --poll-only
+    line += f"; blocking: braid {wait:.2f} us, TCP {tw:.2f} us, braid/TCP {wait / tw:.2f}"
+print(line)
 PY
 done
 rm -rf "$out"
