@@ -129,7 +129,10 @@ pub struct ClientConfig {
     pub piece_size: usize,
     /// Pieces of one `read_at`/`write_at` in flight at once (default 16).
     pub window: usize,
-    /// Bound on a blocking call's wait (default 60 s). The connection's own peer timeout
+    /// Bound on a request's wait for its reply (default 60 s): a blocking call returns
+    /// [`Error::Timeout`] then, and a request of any kind still unanswered fails the
+    /// connection (every outstanding request fails), so nothing waits forever on a server
+    /// that is alive but stopped answering. The connection's own peer timeout
     /// (3 s by default) fails every operation of a dead server long before.
     pub op_timeout: Duration,
     /// Bound on connecting and the hello (default 10 s).
@@ -458,6 +461,7 @@ fn completion_loop(inner: &Inner) {
         if let Some(c) = inner.cq.wait(Duration::from_millis(50)) {
             inner.dispatch(c);
         }
+        inner.rpc.expire(inner.cfg.op_timeout);
     }
     // Closing flushes everything in flight; run those callbacks (bounded).
     inner.rpc.fail("the client was dropped".into());

@@ -8,6 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use braid::{Endpoint, Region, Status};
 use parking_lot::Mutex;
@@ -29,6 +30,8 @@ struct Pending {
     slot: usize,
     op: Op,
     cb: RpcCallback,
+    /// When the request was sent.
+    sent_at: Instant,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -143,7 +146,15 @@ impl Rpc {
         match posted {
             Ok(()) => {
                 st.slots[slot] = SlotUse::default();
-                st.pending.insert(id, Pending { slot, op, cb });
+                st.pending.insert(
+                    id,
+                    Pending {
+                        slot,
+                        op,
+                        cb,
+                        sent_at: Instant::now(),
+                    },
+                );
                 Ok(())
             }
             Err(e) => {
@@ -267,6 +278,27 @@ impl Rpc {
         }
     }
 
+    /// Fails the connection when a request has waited longer than `timeout` for its
+    /// reply: a server that stopped answering (alive, so the endpoint's keepalives do not
+    /// end it) must not leave callers (a mount's kernel requests among them) waiting
+    /// forever. As when the connection breaks, every outstanding request then fails; the
+    /// reply buffers stay the server's to write until the endpoint is closed.
+    pub(crate) fn expire(&self, timeout: Duration) {
+        let late = {
+            let st = self.state.lock();
+            st.pending
+                .values()
+                .filter(|p| p.sent_at.elapsed() > timeout)
+                .map(|p| p.op)
+                .next()
+        };
+        if let Some(op) = late {
+            self.fail(format!(
+                "no reply to a {op:?} request within {timeout:?}: the server stopped answering"
+            ));
+        }
+    }
+
     /// Requests outstanding or waiting.
     pub(crate) fn outstanding(&self) -> usize {
         let st = self.state.lock();
@@ -296,4 +328,73 @@ fn too_long(req: &Request) -> Option<proto::Errno> {
         _ => false,
     };
     long.then_some(proto::Errno::ENAMETOOLONG)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use braid::Access;
+    use braid_testkit::loopback::{WAIT, pair};
+
+    use super::*;
+
+    /// A server that takes the request (its receive is posted) but never answers: the
+    /// request fails once it has waited longer than the timeout, and so does every later
+    /// one (the connection is given up), instead of waiting forever.
+    #[test]
+    fn an_unanswered_request_fails_after_the_timeout() {
+        let p = pair(1);
+        let sink = p
+            .server_ctx
+            .alloc_region(4 * MAX_MSG, Access::all())
+            .unwrap();
+        for i in 0..4 {
+            p.server
+                .post_recv(i, &[sink.slice(i as usize * MAX_MSG, MAX_MSG).unwrap()])
+                .unwrap();
+        }
+        let req_buf = p
+            .client_ctx
+            .alloc_region(2 * MAX_MSG, Access::all())
+            .unwrap();
+        let rep_buf = p
+            .client_ctx
+            .alloc_region(2 * MAX_MSG, Access::all())
+            .unwrap();
+        let rpc = Rpc::new(p.client, req_buf, rep_buf, 2).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let req = Request::GetAttr {
+            node: proto::NodeId {
+                id: 1,
+                generation: 0,
+            },
+        };
+        rpc.call_then(&req, Box::new(move |r| tx.send(r).unwrap()));
+        let timeout = Duration::from_millis(200);
+        let start = Instant::now();
+        rpc.expire(timeout);
+        assert!(rx.try_recv().is_err(), "not expired before the timeout");
+        let result = loop {
+            assert!(start.elapsed() < WAIT, "the request never expired");
+            rpc.expire(timeout);
+            if let Ok(r) = rx.try_recv() {
+                break r;
+            }
+            // Bounded polling of a timer, not synchronisation with another thread.
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(start.elapsed() >= timeout);
+        assert!(
+            matches!(result, Err(Error::Lost(ref why)) if why.contains("stopped answering")),
+            "{result:?}"
+        );
+        assert!(rpc.dead().is_some());
+        let (tx2, rx2) = mpsc::channel();
+        rpc.call_then(&req, Box::new(move |r| tx2.send(r).unwrap()));
+        assert!(matches!(
+            rx2.recv_timeout(WAIT),
+            Ok(Err(Error::NotConnected(_)))
+        ));
+    }
 }
