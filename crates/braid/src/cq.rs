@@ -159,13 +159,7 @@ impl CompletionQueue {
             return None;
         }
         let set = self.inner.rails.as_ref()?.try_lock()?;
-        let drivers: Vec<Arc<dyn Driver>> = self
-            .inner
-            .drivers
-            .lock()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let drivers = self.live_drivers();
         if drivers.is_empty() {
             return None;
         }
@@ -182,16 +176,19 @@ impl CompletionQueue {
         ds.push(d);
     }
 
-    /// Lets the attached endpoints make progress on this thread.
-    fn drive(&self) {
-        let ds: Vec<Arc<dyn Driver>> = self
-            .inner
+    /// The attached endpoints that still exist.
+    fn live_drivers(&self) -> Vec<Arc<dyn Driver>> {
+        self.inner
             .drivers
             .lock()
             .iter()
             .filter_map(Weak::upgrade)
-            .collect();
-        for d in ds {
+            .collect()
+    }
+
+    /// Lets the attached endpoints make progress on this thread.
+    fn drive(&self) {
+        for d in self.live_drivers() {
             d.drive();
         }
     }
