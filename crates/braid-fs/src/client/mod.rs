@@ -457,11 +457,16 @@ pub(crate) fn wait<T>(
 }
 
 fn completion_loop(inner: &Inner) {
+    // Unanswered requests are looked for every 50 ms, not after every completion.
+    let mut next_expiry_check = Instant::now();
     while !inner.stop.load(Ordering::Acquire) {
         if let Some(c) = inner.cq.wait(Duration::from_millis(50)) {
             inner.dispatch(c);
         }
-        inner.rpc.expire(inner.cfg.op_timeout);
+        if Instant::now() >= next_expiry_check {
+            inner.rpc.expire(inner.cfg.op_timeout);
+            next_expiry_check = Instant::now() + Duration::from_millis(50);
+        }
     }
     // Closing flushes everything in flight; run those callbacks (bounded).
     inner.rpc.fail("the client was dropped".into());

@@ -1,7 +1,7 @@
 //! Relaxed placement: the peer's writes that commute with every earlier request are placed
 //! as their chunks arrive, ahead of their turn (see `SessionConfig::relaxed_placement`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::mem::region::Access;
@@ -42,8 +42,9 @@ pub(super) struct PendingWrites {
     /// The longest range in `ranges` since it was last empty: a range overlapping
     /// `[start, end)` starts at or after `start - longest`.
     longest: u64,
-    /// Outstanding writes per key (a write to another key may name the same memory).
-    keys: HashMap<u64, usize>,
+    /// Outstanding writes per key (a write to another key may name the same memory): a
+    /// handful of keys at most in practice, so a list, not a hash map, on the posting path.
+    keys: Vec<(u64, usize)>,
     /// Outstanding operations no write may pass: not writes, or writes without bounds
     /// (several keys, or nothing to write).
     blockers: usize,
@@ -56,7 +57,10 @@ impl PendingWrites {
             self.blockers += 1;
             return;
         };
-        *self.keys.entry(key).or_default() += 1;
+        match self.keys.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, n)) => *n += 1,
+            None => self.keys.push((key, 1)),
+        }
         for (piece, &(k, start, end)) in ranges.iter().enumerate() {
             if end > start {
                 self.ranges.insert((k, start, seq, piece as u32), end);
@@ -71,10 +75,10 @@ impl PendingWrites {
             self.blockers -= 1;
             return;
         };
-        if let Some(n) = self.keys.get_mut(&key) {
-            *n -= 1;
-            if *n == 0 {
-                self.keys.remove(&key);
+        if let Some(i) = self.keys.iter().position(|(k, _)| *k == key) {
+            self.keys[i].1 -= 1;
+            if self.keys[i].1 == 0 {
+                self.keys.swap_remove(i);
             }
         }
         for (piece, &(k, start, _)) in ranges.iter().enumerate() {
@@ -95,7 +99,7 @@ impl PendingWrites {
         let Some((key, _, _)) = bounds else {
             return false;
         };
-        if self.blockers > 0 || self.keys.keys().any(|&k| k != key) {
+        if self.blockers > 0 || self.keys.iter().any(|&(k, _)| k != key) {
             return false;
         }
         ranges.iter().all(|&(k, start, end)| {
