@@ -274,5 +274,40 @@ fn failover_transfer_on_the_testbed_verifies_every_byte() {
     let j = &r.json;
     assert_eq!(u(j, "bytes_verified"), 1 << 30, "{j}");
     assert!(j["after_mb_s"].as_f64().unwrap() > 0.0, "{j}");
-    assert!(j["detect_s"].as_f64().unwrap() < 3.0, "{j}");
+    // The link event, not the 1 s of silence (--peer-timeout), tells of the loss.
+    assert!(j["detect_s"].as_f64().unwrap() < 1.0, "{j}");
+}
+
+#[test]
+fn failover_transfer_over_a_rail_that_silently_drops_verifies_every_byte() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    if skip_reason().is_some() {
+        return;
+    }
+    // The server's end of rail 1 drops all it sends: no local event on either side, and
+    // the server still receives. The client must see the missing acknowledgements, and the
+    // server must learn of the loss from the client, before either's 1 s of silence.
+    let r = soak(
+        &[
+            "--failover-transfer",
+            "--fail-how",
+            "drop",
+            "--transfer-size",
+            "1G",
+            "--fail-after",
+            "0.7",
+            "--fail-rail",
+            "1",
+            "--min-ratio",
+            "0",
+        ],
+        Duration::from_secs(120),
+    );
+    assert_no_namespaces(r.pid);
+    assert_passed(&r);
+    let j = &r.json;
+    assert_eq!(j["fail_how"], "drop", "{j}");
+    assert_eq!(u(j, "bytes_verified"), 1 << 30, "{j}");
+    assert!(j["detect_s"].as_f64().unwrap() < 1.0, "{j}");
+    assert!(j["longest_gap_s"].as_f64().unwrap() < 1.0, "{j}");
 }

@@ -300,22 +300,7 @@ impl Testbed {
                 for (ns, ifn, addr) in [(&nsa, &ia, aa), (&nsb, &ib, ab)] {
                     ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", ifn])?;
                     if !s.unshaped {
-                        tc(&[
-                            "-n",
-                            ns,
-                            "qdisc",
-                            "replace",
-                            "dev",
-                            ifn,
-                            "root",
-                            "tbf",
-                            "rate",
-                            &s.rates[r].tc_arg(),
-                            "burst",
-                            "256kb",
-                            "latency",
-                            "5ms",
-                        ])?;
+                        shape(ns, ifn, s.rates[r])?;
                     }
                     ip(&["-n", ns, "link", "set", ifn, "up"])?;
                 }
@@ -470,6 +455,30 @@ impl Testbed {
         Ok(())
     }
 
+    /// Makes host `host`'s end of rail `rail` (towards every peer) drop every packet it
+    /// sends, silently: its root qdisc becomes `pfifo limit 0`. The link stays up, so
+    /// neither end sees a local event: the far end only notices that nothing comes back.
+    /// `false` puts the rail's shaping (or no qdisc) back.
+    pub fn set_rail_blackhole(&self, host: usize, rail: usize, on: bool) -> Result<()> {
+        if host >= self.spec.hosts || rail >= self.rails() {
+            bail!("no rail {rail} on host {host}");
+        }
+        let ns = self.host_ns(host);
+        for peer in (0..self.spec.hosts).filter(|&p| p != host) {
+            let ifn = ifname(peer, rail);
+            if on {
+                tc(&[
+                    "-n", &ns, "qdisc", "replace", "dev", &ifn, "root", "pfifo", "limit", "0",
+                ])?;
+            } else if self.spec.unshaped {
+                tc(&["-n", &ns, "qdisc", "del", "dev", &ifn, "root"])?;
+            } else {
+                shape(&ns, &ifn, self.spec.rates[rail])?;
+            }
+        }
+        Ok(())
+    }
+
     /// Human-readable description: hosts, rails, addresses, rates, and the live qdiscs.
     pub fn status(&self) -> Result<String> {
         use std::fmt::Write;
@@ -602,6 +611,27 @@ where
         drop(file);
         Ok(f())
     }))
+}
+
+/// Shapes device `ifn` of namespace `ns` to `rate` (see the module docs for the figures).
+fn shape(ns: &str, ifn: &str, rate: Rate) -> Result<()> {
+    tc(&[
+        "-n",
+        ns,
+        "qdisc",
+        "replace",
+        "dev",
+        ifn,
+        "root",
+        "tbf",
+        "rate",
+        &rate.tc_arg(),
+        "burst",
+        "256kb",
+        "latency",
+        "5ms",
+    ])?;
+    Ok(())
 }
 
 fn ifname(peer: usize, rail: usize) -> String {

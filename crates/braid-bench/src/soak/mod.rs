@@ -35,7 +35,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use braid::RegionOptions;
 use clap::{Args, ValueEnum};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use braid_testbed::parse::{self, Rate};
 
@@ -130,6 +130,12 @@ pub struct SoakArgs {
     /// peer is signalled (--kill-peer).
     #[arg(long, alias = "kill-after", default_value_t = 1.0)]
     pub fail_after: f64,
+    /// --failover-transfer: how the rail fails. `link-down` sets the client's end of the
+    /// rail down (both ends see a local event); `drop` makes the server's end drop every
+    /// packet silently (a qdisc that drops everything; the link stays up). Testbed only for
+    /// `drop`.
+    #[arg(long, value_enum, default_value_t = FailHow::LinkDown)]
+    pub fail_how: FailHow,
     /// --failover-transfer: least goodput after / before the failure (testbed only).
     #[arg(long, default_value_t = 0.70)]
     pub min_ratio: f64,
@@ -140,6 +146,17 @@ pub struct SoakArgs {
     /// Signal for --kill-peer.
     #[arg(long, value_enum, default_value_t = KillSignal::Kill)]
     pub kill_signal: KillSignal,
+}
+
+/// How `--failover-transfer` takes its rail out.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailHow {
+    /// The client's end of the rail goes down (its peer loses the carrier).
+    #[default]
+    LinkDown,
+    /// The server's end of the rail drops everything it sends; no local event anywhere.
+    Drop,
 }
 
 /// How the peer process is taken out.

@@ -13,7 +13,7 @@ use braid::{Context, Endpoint, EndpointOptions, Listener, RailAddr, SessionConfi
 use braid_testbed::parse::Rate;
 use braid_testbed::testbed::{self, Testbed, TestbedSpec};
 
-use super::SETUP_TIMEOUT;
+use super::{FailHow, SETUP_TIMEOUT};
 
 // ------------------------------------------------------------------ the network
 
@@ -126,6 +126,21 @@ impl Net {
         match &self.tb {
             Some(tb) => tb.spawn_in(host, f),
             None => Ok(std::thread::spawn(move || Ok(f()))),
+        }
+    }
+
+    /// Takes rail `rail` out (`broken`) or puts it back, the way `how` says.
+    pub(super) fn set_fault(
+        &self,
+        rail: usize,
+        how: FailHow,
+        broken: bool,
+        eps: &[Arc<Endpoint>],
+    ) -> Result<()> {
+        match (how, &self.tb) {
+            (FailHow::LinkDown, _) => self.set_link(rail, !broken, eps),
+            (FailHow::Drop, Some(tb)) => tb.set_rail_blackhole(1, rail, broken),
+            (FailHow::Drop, None) => bail!("--fail-how drop needs the namespace testbed"),
         }
     }
 

@@ -12,7 +12,7 @@ use braid_testbed::testbed::{self, TestbedSpec};
 
 use super::net::{Net, connect_pair, contexts, join, session_config};
 use super::util::{fill, first_diff, secs};
-use super::{RESIDENT, SoakArgs};
+use super::{FailHow, RESIDENT, SoakArgs};
 
 // ------------------------------------------------------------------ failover transfer
 
@@ -27,6 +27,8 @@ pub struct TransferReport {
     pub rails: usize,
     /// The failed rail.
     pub failed_rail: usize,
+    /// How it failed.
+    pub fail_how: FailHow,
     /// Bytes written.
     pub bytes: u64,
     /// Size of each write.
@@ -35,7 +37,7 @@ pub struct TransferReport {
     pub depth: usize,
     /// Seconds from the first post to the failure.
     pub fail_at_s: f64,
-    /// Seconds from the link going down to the client seeing the rail dead.
+    /// Seconds from the failure to the client seeing the rail dead.
     pub detect_s: f64,
     /// Goodput before the failure (first completion to the failure), MB/s.
     pub before_mb_s: f64,
@@ -114,6 +116,9 @@ pub fn failover_transfer(a: &SoakArgs) -> Result<TransferReport> {
     let nops = a.transfer_size / op;
     let total = nops * op;
     let net = Net::new(a.rails, a.rate, a.loopback)?;
+    if a.fail_how == FailHow::Drop && net.tb.is_none() {
+        bail!("--fail-how drop needs the namespace testbed");
+    }
     if let Some(tb) = &net.tb {
         let least = least_failover_bytes(tb.spec(), a.flap_rail, fail_after, peer_timeout);
         if (total as f64) < least {
@@ -201,7 +206,7 @@ pub fn failover_transfer(a: &SoakArgs) -> Result<TransferReport> {
     while !job.is_finished() {
         let now = Instant::now();
         if t_fail.is_none() && now >= t0 + fail_after {
-            net.set_link(a.flap_rail, false, &pair.ceps)?;
+            net.set_fault(a.flap_rail, a.fail_how, true, &pair.ceps)?;
             t_fail = Some(Instant::now());
             *t_fail_cell.lock().expect("cell") = t_fail;
         }
@@ -220,6 +225,7 @@ pub fn failover_transfer(a: &SoakArgs) -> Result<TransferReport> {
         network: net.kind().into(),
         rails: a.rails,
         failed_rail: a.flap_rail,
+        fail_how: a.fail_how,
         bytes: total as u64,
         op_size: op,
         depth,
@@ -307,11 +313,11 @@ pub fn failover_transfer(a: &SoakArgs) -> Result<TransferReport> {
         errors.push("the endpoint failed".into());
     }
     println!(
-        "failover transfer on {} ({} rails, rail {} fails): {} bytes in {} writes of {} (depth {})",
-        r.network, r.rails, r.failed_rail, r.bytes, nops, op, depth
+        "failover transfer on {} ({} rails, rail {} fails: {:?}): {} bytes in {} writes of {} (depth {})",
+        r.network, r.rails, r.failed_rail, r.fail_how, r.bytes, nops, op, depth
     );
     println!(
-        "  link down at {:.2} s, detected after {:.2} s; longest gap between completions {:.2} s",
+        "  failure at {:.2} s, detected after {:.3} s; longest gap between completions {:.3} s",
         r.fail_at_s, r.detect_s, r.longest_gap_s
     );
     println!(
@@ -333,8 +339,8 @@ pub fn failover_transfer(a: &SoakArgs) -> Result<TransferReport> {
         r.bytes_verified, r.rail_bytes, r.rails_alive
     );
     if net.tb.is_some() {
-        // The link comes back before teardown, so the rail's re-join is exercised too.
-        net.set_link(a.flap_rail, true, &pair.ceps)?;
+        // The rail comes back before teardown, so its re-join is exercised too.
+        net.set_fault(a.flap_rail, a.fail_how, false, &pair.ceps)?;
     }
     for e in pair.ceps.iter().chain(&pair.seps) {
         e.close();

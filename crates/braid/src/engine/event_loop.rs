@@ -1,8 +1,10 @@
 //! The progress engine's thread: an event loop over every rail's socket (mio, edge
-//! triggered), the commands application threads send it, keepalive ticks, and the
-//! hand-over of reads to an application thread that polls an endpoint.
+//! triggered), the commands application threads send it, keepalive ticks, local link
+//! events and stalled-link checks, and the hand-over of reads to an application thread that
+//! polls an endpoint.
 
 use std::collections::HashMap;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
@@ -12,12 +14,18 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
-use super::transport::Transport;
+use super::linkwatch::LinkWatch;
+use super::transport::{LinkSample, Transport};
 use super::{APP_POLL_HOLD_NS, EndpointShared, clock_ns};
 
 const WAKER: Token = Token(usize::MAX);
+/// Tokens of link watches: this plus the watch's descriptor (rails count up from 0).
+const LINK_WATCH: usize = usize::MAX / 2;
 /// Period of keepalive and dead-peer checks.
 const TICK: std::time::Duration = std::time::Duration::from_millis(100);
+/// The period while some rail has data in flight, whose acknowledgements are watched
+/// (see `SessionConfig::rail_stall_timeout`).
+const STALL_TICK: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// Requests from application threads to the engine thread.
 pub(crate) enum Command {
@@ -112,6 +120,10 @@ struct EngineLoop {
     /// sockets are registered for writability only).
     muted: Vec<u64>,
     next_token: usize,
+    /// rtnetlink sockets of the rails' namespaces.
+    links: LinkWatch,
+    /// Since when each rail (endpoint, rail) has been seen with data in flight.
+    in_flight_since: HashMap<(u64, usize), Instant>,
 }
 
 impl EngineLoop {
@@ -123,6 +135,8 @@ impl EngineLoop {
             endpoints: HashMap::new(),
             muted: Vec::new(),
             next_token: 0,
+            links: LinkWatch::default(),
+            in_flight_since: HashMap::new(),
         }
     }
 
@@ -143,14 +157,27 @@ impl EngineLoop {
                 break;
             }
             let mut touched: Vec<u64> = Vec::new();
+            let mut links_changed = false;
             for ev in events.iter() {
                 if ev.token() == WAKER {
                     continue;
                 }
                 let token = ev.token().0;
+                if token >= LINK_WATCH {
+                    self.links.drain((token - LINK_WATCH) as RawFd);
+                    links_changed = true;
+                    continue;
+                }
                 let Some((ep, rail)) = self.rx.get(&token).cloned() else {
                     continue;
                 };
+                // A rail whose reads wait behind another rail (strict placement) reads
+                // nothing, and would not see a reset from the peer until it resumes.
+                if ev.is_error()
+                    && let Some(e) = ep.rails[rail].link().take_error()
+                {
+                    ep.fail_rail(rail, &format!("link error: {e}"));
+                }
                 if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                     if ep.app_polling(clock_ns()) && !ev.is_read_closed() && !ev.is_error() {
                         self.mute(&ep);
@@ -183,11 +210,19 @@ impl EngineLoop {
                     }
                 }
             }
+            if links_changed {
+                touched.extend(self.check_links());
+            }
             touched.extend(self.unmute_idle());
             let now = Instant::now();
             if now >= next_tick {
-                next_tick = now + TICK;
                 touched.extend(self.tick(now));
+                next_tick = now
+                    + if self.in_flight_since.is_empty() {
+                        TICK
+                    } else {
+                        STALL_TICK
+                    };
             }
             touched.sort_unstable();
             touched.dedup();
@@ -247,10 +282,13 @@ impl EngineLoop {
         back
     }
 
-    /// Keepalives and dead-peer detection for every endpoint; returns those with frames to send.
+    /// Keepalives, dead-peer and stalled-link detection for every endpoint; returns those
+    /// with frames to send.
     fn tick(&mut self, now: Instant) -> Vec<u64> {
         let mut touched = Vec::new();
+        let in_flight = &mut self.in_flight_since;
         for (id, (ep, _)) in &self.endpoints {
+            let mut stalled = Vec::new();
             for rail in 0..ep.rails.len() {
                 let Some(t) = ep.rails[rail].link().sample() else {
                     continue;
@@ -264,6 +302,15 @@ impl EngineLoop {
                 if let Some(at) = now.checked_sub(t.since_data_recv) {
                     s.on_rx_progress(rail, at);
                 }
+                let bound = s.config().rail_stall_timeout;
+                let spare = s.rail_alive(rail) && others_alive(&s, rail);
+                drop(s);
+                if let Some(why) = stall_check(in_flight, now, (*id, rail), &t, bound, spare) {
+                    stalled.push((rail, why));
+                }
+            }
+            for (rail, why) in stalled {
+                ep.fail_rail(rail, &why);
             }
             let dead = ep.session.lock().on_tick(now);
             let t = ep.session.lock().config().peer_timeout;
@@ -276,6 +323,40 @@ impl EngineLoop {
             touched.push(*id);
         }
         touched
+    }
+
+    /// Fails every live rail whose local device went down, lost its carrier or its
+    /// address, unless it is the last (see [`others_alive`]); returns the endpoints touched.
+    fn check_links(&mut self) -> Vec<u64> {
+        let mut touched = Vec::new();
+        for (id, (ep, _)) in &self.endpoints {
+            for rail in 0..ep.rails.len() {
+                {
+                    let s = ep.session.lock();
+                    if !s.rail_alive(rail) || !others_alive(&s, rail) {
+                        continue;
+                    }
+                }
+                if let Some(why) = ep.rails[rail].link().local_fault() {
+                    ep.fail_rail(rail, &why);
+                    touched.push(*id);
+                }
+            }
+        }
+        touched
+    }
+
+    /// Watches the namespace of rail socket `fd` for link events, if not yet watched.
+    fn watch_links(&mut self, fd: RawFd) {
+        if let Some(w) = self.links.watch(fd)
+            && let Err(e) = self.poll.registry().register(
+                &mut SourceFd(&w),
+                Token(LINK_WATCH + w as usize),
+                Interest::READABLE,
+            )
+        {
+            tracing::debug!("cannot poll link events: {e}");
+        }
     }
 
     fn add(&mut self, ep: Arc<EndpointShared>) {
@@ -293,6 +374,7 @@ impl EngineLoop {
             }
             self.rx.insert(token, (ep.clone(), i));
             tokens.push(token);
+            self.watch_links(fd);
         }
         let id = ep.id;
         self.endpoints.insert(id, (ep, tokens));
@@ -310,6 +392,8 @@ impl EngineLoop {
         let _ = self.poll.registry().deregister(&mut SourceFd(&old));
         let fd = link.readiness_fd();
         ep.rails[rail].replace(link);
+        self.in_flight_since.remove(&(id, rail));
+        self.watch_links(fd);
         let restored = {
             let mut s = ep.session.lock();
             let ok = s.on_rail_restored(rail);
@@ -376,6 +460,7 @@ impl EngineLoop {
 
     fn remove(&mut self, id: u64) {
         self.muted.retain(|m| *m != id);
+        self.in_flight_since.retain(|(e, _), _| *e != id);
         if let Some((ep, tokens)) = self.endpoints.remove(&id) {
             for (i, t) in tokens.into_iter().enumerate() {
                 self.rx.remove(&t);
@@ -398,6 +483,42 @@ impl EngineLoop {
             self.remove(id);
         }
     }
+}
+
+/// Whether a live rail's link has had data in flight and heard no acknowledgement for
+/// `bound` (or four round trips, if longer); why, if so. Only a `spare` rail (not the
+/// last) is judged. Keeps `in_flight`: since when each rail has had data in flight.
+fn stall_check(
+    in_flight: &mut HashMap<(u64, usize), Instant>,
+    now: Instant,
+    key: (u64, usize),
+    t: &LinkSample,
+    bound: std::time::Duration,
+    spare: bool,
+) -> Option<String> {
+    if bound.is_zero() || !spare || t.unacked == 0 {
+        in_flight.remove(&key);
+        return None;
+    }
+    let since = *in_flight.entry(key).or_insert(now);
+    let bound = bound.max(t.rtt * 4);
+    // Both: an acknowledgement long ago says nothing of data sent just now.
+    if now.duration_since(since) < bound || t.since_ack_recv < bound {
+        return None;
+    }
+    in_flight.remove(&key);
+    Some(format!(
+        "no acknowledgement for {:?} with {} segments in flight (round trip {:?})",
+        t.since_ack_recv, t.unacked, t.rtt
+    ))
+}
+
+/// True if a rail other than `rail` is alive. The fast signals (a local link event, a
+/// stalled link) fail only a rail the session can do without: failing the last one fails
+/// the endpoint, which is left to `peer_timeout`, as before them (a link that comes back
+/// within it, or a stall that was a lost window after all, then costs nothing).
+fn others_alive(s: &braid_proto::Session, rail: usize) -> bool {
+    (0..s.rail_count()).any(|r| r != rail && s.rail_alive(r))
 }
 
 #[cfg(test)]

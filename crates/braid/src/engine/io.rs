@@ -134,6 +134,13 @@ pub(crate) struct TcpInfo {
     /// Time since data last arrived on the connection (`tcpi_last_data_recv`), whether or
     /// not it has been read.
     pub(crate) since_data_recv: std::time::Duration,
+    /// Segments sent and not yet acknowledged (`tcpi_unacked`).
+    pub(crate) unacked: u32,
+    /// Time since an acknowledgement last arrived, duplicates included
+    /// (`tcpi_last_ack_recv`).
+    pub(crate) since_ack_recv: std::time::Duration,
+    /// Smoothed round-trip time (`tcpi_rtt`).
+    pub(crate) rtt: std::time::Duration,
 }
 
 /// Samples `TCP_INFO` of a socket; `None` when unavailable.
@@ -159,5 +166,8 @@ pub(crate) fn tcp_info(fd: RawFd) -> Option<TcpInfo> {
         delivery_rate: (len as usize >= have_rate && info.tcpi_delivery_rate > 0)
             .then_some(info.tcpi_delivery_rate as f64),
         since_data_recv: std::time::Duration::from_millis(info.tcpi_last_data_recv as u64),
+        unacked: info.tcpi_unacked,
+        since_ack_recv: std::time::Duration::from_millis(info.tcpi_last_ack_recv as u64),
+        rtt: std::time::Duration::from_micros(info.tcpi_rtt as u64),
     })
 }

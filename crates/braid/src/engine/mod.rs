@@ -8,6 +8,7 @@
 
 mod event_loop;
 pub(crate) mod io;
+mod linkwatch;
 mod rx;
 pub(crate) mod transport;
 mod tx;
@@ -74,6 +75,11 @@ impl RailIo {
     /// Ends the current link (both directions).
     pub(crate) fn shutdown(&self) {
         self.tx.lock().link.shutdown();
+    }
+
+    /// Ends the current link as broken (see `Transport::abort`).
+    fn abort(&self) {
+        self.tx.lock().link.abort();
     }
 
     /// The current link.
@@ -204,7 +210,7 @@ impl EndpointShared {
     pub(crate) fn close_dead_rails(&self, dead: u64) {
         for (i, r) in self.rails.iter().enumerate() {
             if dead & (1 << i) != 0 {
-                r.shutdown();
+                r.abort();
             }
         }
     }

@@ -21,6 +21,12 @@ pub(crate) struct LinkSample {
     pub(crate) delivery_rate: Option<f64>,
     /// Time since data last arrived on the link, whether or not it has been read.
     pub(crate) since_data_recv: Duration,
+    /// Segments sent and not yet acknowledged (0 where the transport cannot tell).
+    pub(crate) unacked: u32,
+    /// Time since the peer last acknowledged anything.
+    pub(crate) since_ack_recv: Duration,
+    /// Smoothed round-trip time.
+    pub(crate) rtt: Duration,
 }
 
 /// One rail's connection as the engine drives it. Every call is non-blocking.
@@ -45,8 +51,24 @@ pub(crate) trait Transport: Send + Sync {
     fn set_wake_threshold(&self, bytes: usize) -> io::Result<()>;
     /// Capacity and liveness of the link, if the transport knows them.
     fn sample(&self) -> Option<LinkSample>;
+    /// What is wrong with the local device under the link, if anything (see
+    /// [`super::linkwatch`]); `None` when all is well or the transport cannot tell.
+    fn local_fault(&self) -> Option<String> {
+        None
+    }
+    /// The link's pending error (TCP: `SO_ERROR`, e.g. a reset from the peer), cleared.
+    fn take_error(&self) -> Option<io::Error> {
+        None
+    }
     /// Ends the link in both directions, as a pulled cable would.
     fn shutdown(&self);
+    /// Ends a link given up as broken: as [`Transport::shutdown`], and the peer is told at
+    /// once if the link still carries anything (TCP: a reset). A graceful end would wait
+    /// behind data the link cannot deliver, and the peer would notice only by its own
+    /// timeout.
+    fn abort(&self) {
+        self.shutdown();
+    }
 }
 
 /// A rail over a TCP connection (one per NIC).
@@ -94,10 +116,41 @@ impl Transport for Tcp {
         tcp_info(self.stream.as_raw_fd()).map(|t| LinkSample {
             delivery_rate: t.delivery_rate,
             since_data_recv: t.since_data_recv,
+            unacked: t.unacked,
+            since_ack_recv: t.since_ack_recv,
+            rtt: t.rtt,
         })
+    }
+
+    fn local_fault(&self) -> Option<String> {
+        super::linkwatch::local_fault(self.stream.as_raw_fd())
+    }
+
+    fn take_error(&self) -> Option<io::Error> {
+        self.stream.take_error().ok().flatten()
     }
 
     fn shutdown(&self) {
         let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    fn abort(&self) {
+        // connect(AF_UNSPEC) disconnects a TCP socket, with a reset to the peer (as close
+        // with a zero linger would), while the descriptor stays ours: the engine may still
+        // be polling it.
+        // SAFETY: a zeroed sockaddr with family AF_UNSPEC, of the size given.
+        let r = unsafe {
+            let mut sa: libc::sockaddr = std::mem::zeroed();
+            sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+            libc::connect(
+                self.stream.as_raw_fd(),
+                &sa,
+                std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            tracing::debug!("resetting a rail: {}", io::Error::last_os_error());
+        }
+        self.shutdown();
     }
 }

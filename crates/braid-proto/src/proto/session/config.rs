@@ -50,6 +50,15 @@ pub struct SessionConfig {
     /// A rail that has received nothing for this long (while not stalled by braid itself)
     /// is declared dead: the peer crashed, hangs, or the link is gone.
     pub peer_timeout: Duration,
+    /// A rail whose link has had data in flight and heard no acknowledgement for this long
+    /// (or four round trips, if longer) is declared dead at once (default 150 ms;
+    /// `Duration::ZERO` turns the check off). The driver samples this from its transport
+    /// (TCP: `TCP_INFO`); it catches a link that silently drops everything long before
+    /// `peer_timeout`. A healthy link acknowledges something every round trip, duplicates
+    /// included, however slow it is; a link that lost a whole window waits for TCP's
+    /// retransmission timeout (at least 200 ms) and may be declared dead by mistake, which
+    /// costs a re-dial, not data.
+    pub rail_stall_timeout: Duration,
     /// Relaxed placement (like verbs' `IBV_ACCESS_RELAXED_ORDERING`; default off). A write
     /// whose target range no earlier outstanding operation of this side touches (every
     /// earlier one is a write to the same key at a disjoint range) may be placed by the
@@ -83,6 +92,7 @@ impl Default for SessionConfig {
             max_staged: 256 << 20,
             keepalive_interval: Duration::from_millis(250),
             peer_timeout: Duration::from_secs(3),
+            rail_stall_timeout: Duration::from_millis(150),
             relaxed_placement: false,
             spread_small_ops: true,
         }
