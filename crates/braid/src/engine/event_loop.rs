@@ -21,8 +21,13 @@ use super::{APP_POLL_HOLD_NS, EndpointShared, clock_ns};
 const WAKER: Token = Token(usize::MAX);
 /// Tokens of link watches: this plus the watch's descriptor (rails count up from 0).
 const LINK_WATCH: usize = usize::MAX / 2;
-/// Period of keepalive and dead-peer checks.
+/// Longest sleep before timer work for an endpoint whose session names no deadline yet
+/// (see `Session::poll_timeout`).
 const TICK: std::time::Duration = std::time::Duration::from_millis(100);
+/// Longest sleep with no endpoint at all.
+const IDLE_TICK: std::time::Duration = std::time::Duration::from_secs(1);
+/// Period of the rails' delivery-rate samples handed to the sessions.
+const CAPACITY_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 /// The period while some rail has data in flight, whose acknowledgements are watched
 /// (see `SessionConfig::rail_stall_timeout`).
 const STALL_TICK: std::time::Duration = std::time::Duration::from_millis(25);
@@ -124,6 +129,12 @@ struct EngineLoop {
     links: LinkWatch,
     /// Since when each rail (endpoint, rail) has been seen with data in flight.
     in_flight_since: HashMap<(u64, usize), Instant>,
+    /// When rail capacities were last sampled: every [`CAPACITY_PERIOD`], however often
+    /// the tick runs (the session smooths per sample).
+    capacity_at: Option<Instant>,
+    /// Some rail received data within [`TICK`] at the last tick: its peer is sending, and a
+    /// rail that falls quiet meanwhile is looked at every [`STALL_TICK`].
+    receiving: bool,
 }
 
 impl EngineLoop {
@@ -137,6 +148,8 @@ impl EngineLoop {
             next_token: 0,
             links: LinkWatch::default(),
             in_flight_since: HashMap::new(),
+            capacity_at: None,
+            receiving: false,
         }
     }
 
@@ -195,12 +208,17 @@ impl EngineLoop {
             let cmds = std::mem::take(&mut *self.shared.commands.lock());
             for c in cmds {
                 match c {
-                    Command::Add(ep) => self.add(ep),
+                    Command::Add(ep) => {
+                        self.add(ep);
+                        // Its clocks start with its first tick.
+                        next_tick = Instant::now();
+                    }
                     Command::Kick(id) => touched.push(id),
                     Command::Close(id) => self.close(id),
                     Command::Restore { id, rail, link } => {
                         self.restore(id, rail, link);
                         touched.push(id);
+                        next_tick = Instant::now();
                     }
                     Command::Stop => {
                         for id in self.endpoints.keys().copied().collect::<Vec<_>>() {
@@ -215,19 +233,18 @@ impl EngineLoop {
             }
             touched.extend(self.unmute_idle());
             let now = Instant::now();
-            if now >= next_tick {
+            let ticked = now >= next_tick;
+            if ticked {
                 touched.extend(self.tick(now));
-                next_tick = now
-                    + if self.in_flight_since.is_empty() {
-                        TICK
-                    } else {
-                        STALL_TICK
-                    };
             }
             touched.sort_unstable();
             touched.dedup();
             for id in touched {
                 self.progress(id);
+            }
+            if ticked {
+                // After the keepalives the tick queued went out: they move the deadlines.
+                next_tick = self.next_tick(now);
             }
             self.reap();
         }
@@ -282,19 +299,49 @@ impl EngineLoop {
         back
     }
 
+    /// When timer work is due next: the sessions' own deadlines (keepalives, peer
+    /// timeouts), and [`STALL_TICK`] while a rail has data in flight, whose link is watched,
+    /// or data is coming in or a rail's reads wait behind another: a rail may go quiet.
+    /// A rail that starts sending after a quiet spell is seen at the next of these.
+    fn next_tick(&self, now: Instant) -> Instant {
+        let mut due = now + IDLE_TICK;
+        let mut busy = self.receiving || !self.in_flight_since.is_empty();
+        for (ep, _) in self.endpoints.values() {
+            let s = ep.session.lock();
+            match s.poll_timeout() {
+                Some(t) => due = due.min(t),
+                None if !s.is_failed() => due = due.min(now + TICK),
+                None => {}
+            }
+            busy |= s.rx_stalled();
+        }
+        if busy {
+            due = due.min(now + STALL_TICK);
+        }
+        due.max(now + std::time::Duration::from_millis(1))
+    }
+
     /// Keepalives, dead-peer and stalled-link detection for every endpoint; returns those
     /// with frames to send.
     fn tick(&mut self, now: Instant) -> Vec<u64> {
         let mut touched = Vec::new();
+        let capacity = self
+            .capacity_at
+            .is_none_or(|t| now.duration_since(t) >= CAPACITY_PERIOD);
+        if capacity {
+            self.capacity_at = Some(now);
+        }
         let in_flight = &mut self.in_flight_since;
+        let mut receiving = false;
         for (id, (ep, _)) in &self.endpoints {
             let mut stalled = Vec::new();
             for rail in 0..ep.rails.len() {
                 let Some(t) = ep.rails[rail].link().sample() else {
                     continue;
                 };
+                receiving |= t.since_data_recv < TICK;
                 let mut s = ep.session.lock();
-                if let Some(rate) = t.delivery_rate {
+                if let Some(rate) = t.delivery_rate.filter(|_| capacity) {
                     s.set_rail_capacity(rail, rate);
                 }
                 // Bytes the kernel holds for a payload still arriving are not read until the
@@ -307,6 +354,12 @@ impl EngineLoop {
                 drop(s);
                 if let Some(why) = stall_check(in_flight, now, (*id, rail), &t, bound, spare) {
                     stalled.push((rail, why));
+                } else if spare && !bound.is_zero() && t.since_data_recv >= STALL_TICK {
+                    // A quiet rail's device is looked at on every tick: the event of a
+                    // carrier lost at the far end of the cable may come a second late.
+                    if let Some(why) = ep.rails[rail].link().local_fault() {
+                        stalled.push((rail, why));
+                    }
                 }
             }
             for (rail, why) in stalled {
@@ -322,6 +375,7 @@ impl EngineLoop {
             }
             touched.push(*id);
         }
+        self.receiving = receiving;
         touched
     }
 

@@ -30,6 +30,17 @@ const GROUPS: u32 = (libc::RTMGRP_LINK
 /// Most interface addresses looked through (`SIOCGIFCONF`).
 const MAX_IFADDRS: usize = 256;
 
+/// `SIOCETHTOOL` and its `ETHTOOL_GLINK` command (linux/sockios.h, linux/ethtool.h).
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+const ETHTOOL_GLINK: u32 = 0x0000_000a;
+
+/// `struct ethtool_value`.
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
 /// The rtnetlink sockets of the namespaces the engine's rails live in.
 #[derive(Default)]
 pub(crate) struct LinkWatch {
@@ -122,6 +133,14 @@ fn route_socket() -> io::Result<OwnedFd> {
 /// What is wrong with the local device under socket `fd`, if anything: it is down, has no
 /// carrier, or the socket's local address is on no device any more. `None` when all is
 /// well or nothing can be told (IPv6: `SIOCGIFCONF` lists IPv4 addresses only).
+///
+/// The carrier is asked of the driver (`ETHTOOL_GLINK`), which knows at once; the
+/// operational state (`IFF_RUNNING`) only where the driver does not say. That state and the
+/// rtnetlink event follow the kernel's link-watch work, which delays a change by up to a
+/// second after the previous one (the far end of a veth pair whose near end went down
+/// showed `NO-CARRIER` 200 ms late in one of three tries here), and on the testbed it once
+/// showed a rail's device not running, under load, while another rail went down (in 1 of
+/// 14 runs of `braid soak --failover-transfer`; its driver said the carrier was there).
 pub(crate) fn local_fault(fd: RawFd) -> Option<String> {
     // SAFETY: `fd` is a socket the caller holds open for the duration of the call.
     let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
@@ -134,7 +153,7 @@ pub(crate) fn local_fault(fd: RawFd) -> Option<String> {
         Ok(Some((name, flags))) => {
             if flags & libc::IFF_UP == 0 {
                 Some(format!("local device {name} of {ip} is down"))
-            } else if flags & libc::IFF_RUNNING == 0 {
+            } else if !carrier(fd, &name).unwrap_or(flags & libc::IFF_RUNNING != 0) {
                 Some(format!("local device {name} of {ip} has no carrier"))
             } else {
                 None
@@ -144,6 +163,30 @@ pub(crate) fn local_fault(fd: RawFd) -> Option<String> {
         Ok(None) if !ip.is_loopback() => Some(format!("local address {ip} is on no device")),
         _ => None,
     }
+}
+
+/// Whether device `name` (in the namespace of socket `fd`) has a carrier, as its driver
+/// tells; `None` when it does not say.
+fn carrier(fd: RawFd, name: &str) -> Option<bool> {
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_GLINK,
+        data: 0,
+    };
+    // SAFETY: ifreq is plain data.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let bytes = name.as_bytes();
+    if bytes.len() >= req.ifr_name.len() {
+        return None;
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
+    // SAFETY: `req` names the device and points at `value`, which outlives the call.
+    if unsafe { libc::ioctl(fd, SIOCETHTOOL as _, &mut req) } < 0 {
+        return None;
+    }
+    Some(value.data != 0)
 }
 
 /// The device holding address `ip` in the namespace of socket `fd`, with its flags.

@@ -148,6 +148,37 @@ impl Session {
         dead
     }
 
+    /// When [`Session::on_tick`] is due next (as quinn-proto's `Connection::poll_timeout`):
+    /// the earliest keepalive of a live rail (one `keepalive_interval` after it last handed
+    /// out a frame, unless one waits to be sent already) or `peer_timeout` after a rail that
+    /// is not stalled last received. A time in the past means now: a rail whose clocks have
+    /// not started (before the first tick, after a rail is restored) gives the last tick's
+    /// time. `None` before the first tick (the driver ticks at once, or within its longest
+    /// period) and once the session has failed.
+    ///
+    /// Only this side's state moves the deadline, and only later (frames go out, frames
+    /// come in), except where a rail is restored: a driver may compute it after each tick
+    /// and after a restore, and tick early at no cost but the call.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.failed.is_some() {
+            return None;
+        }
+        let mut due: Option<Instant> = None;
+        let mut at = |t: Instant| due = Some(due.map_or(t, |d| d.min(t)));
+        for r in self.rails.iter().filter(|r| r.alive) {
+            let (Some(rx), Some(tx)) = (r.last_rx, r.last_tx) else {
+                return self.last_tick;
+            };
+            if r.ctrl.is_empty() {
+                at(tx + self.cfg.keepalive_interval);
+            }
+            if !r.stalled {
+                at(rx + self.cfg.peer_timeout);
+            }
+        }
+        due
+    }
+
     /// The driver found no more bytes to read on `rail` for now. If enough of it is still
     /// unacknowledged, an acknowledgement goes out even though the threshold was not reached,
     /// so a sender whose window is smaller than our threshold is never left waiting.
@@ -188,6 +219,13 @@ impl Session {
     /// True while the rail is in use.
     pub fn rail_alive(&self, rail: usize) -> bool {
         self.rails[rail].alive
+    }
+
+    /// True while a live rail's reads wait behind another rail (a request that is not
+    /// executable yet: see [`crate::RxAction::Stall`]). A driver watches the other rails
+    /// closely then: one that has gone silent holds everything up.
+    pub fn rx_stalled(&self) -> bool {
+        self.rails.iter().any(|r| r.alive && r.stalled)
     }
 }
 
@@ -240,6 +278,41 @@ mod tests {
             p.run();
         }
         assert_eq!(dead, [0b10, 0b10], "only the rail nobody reads");
+    }
+
+    /// A driver that ticks only when `poll_timeout` says keeps quiet rails alive with
+    /// keepalives, finds a silent peer dead in time, and sleeps more than a fixed tick would.
+    #[test]
+    fn ticking_at_poll_timeout_keeps_alive_and_finds_the_silent_peer() {
+        let mut p = Pair::new(cfg(), 2);
+        assert_eq!(p.s[0].poll_timeout(), None, "never ticked");
+        p.advance(Duration::ZERO);
+        p.held[1] = true;
+        let start = p.now;
+        let (mut ticks, mut dead) = (0, 0);
+        while dead == 0 && p.now < start + Duration::from_secs(10) {
+            let due = p.s[0].poll_timeout().expect("a deadline");
+            assert!(due > p.now, "due in the future once ticked");
+            assert!(
+                due <= p.now + cfg().keepalive_interval,
+                "no later than the next keepalive"
+            );
+            p.now = due;
+            dead = p.s[0].on_tick(p.now);
+            ticks += 1;
+            p.run();
+        }
+        assert_eq!(dead, 0b10, "only the rail nobody reads");
+        let waited = p.now - start;
+        assert!(
+            waited >= cfg().peer_timeout && waited < cfg().peer_timeout + cfg().keepalive_interval,
+            "found dead {waited:?} after it fell silent"
+        );
+        assert!(
+            ticks <= 13,
+            "{ticks} ticks: one per keepalive interval, not per 100 ms"
+        );
+        assert!(p.s[0].rail_alive(0));
     }
 
     #[test]
