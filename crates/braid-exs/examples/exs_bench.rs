@@ -3,8 +3,12 @@
 //!
 //! ```text
 //! cargo run --release -p braid-exs --example exs_bench -- --size 1048576 --seconds 3 --rounds 3 [--json]
-//!     [--depth 8] [--zc-min BYTES] [--unregistered]
+//!     [--depth 8] [--zc-min BYTES] [--unregistered] [--dequeue-half]
 //! ```
+//! `--dequeue-half`: the sender waits for at least half of its outstanding sends at a time
+//! (`exs_qdequeue` with count `-(pending / 2)`, as an application written for the ES-API
+//! batches its reaping) instead of for any one; e.g. `--size 65536 --depth 16
+//! --dequeue-half`.
 //! The receiver is a plain `recv()` loop in both modes. CPU is the whole process
 //! (sender, receiver and the exs progress thread), from `getrusage`.
 //!
@@ -30,6 +34,7 @@ struct Args {
     zc_min: Option<usize>,
     unregistered: bool,
     braid: Option<usize>,
+    dequeue_half: bool,
 }
 
 fn parse() -> Args {
@@ -42,6 +47,7 @@ fn parse() -> Args {
         zc_min: None,
         unregistered: false,
         braid: None,
+        dequeue_half: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -54,10 +60,11 @@ fn parse() -> Args {
             "--zc-min" => a.zc_min = Some(val().parse().expect("--zc-min")),
             "--json" => a.json = true,
             "--unregistered" => a.unregistered = true,
+            "--dequeue-half" => a.dequeue_half = true,
             "--braid" => a.braid = Some(val().parse().expect("--braid")),
             "-h" | "--help" => {
                 println!(
-                    "exs_bench [--size B] [--seconds S] [--rounds N] [--depth D] [--zc-min B] [--unregistered] [--braid RAILS] [--json]"
+                    "exs_bench [--size B] [--seconds S] [--rounds N] [--depth D] [--zc-min B] [--unregistered] [--dequeue-half] [--braid RAILS] [--json]"
                 );
                 std::process::exit(0);
             }
@@ -126,7 +133,13 @@ fn round(a: &Args, exs_mode: bool) -> Round {
                     Err(r) => panic!("exs_send: {}", r.error),
                 }
             }
-            for e in q.dequeue(a.depth, Some(Duration::from_secs(10))).unwrap() {
+            let timeout = Some(Duration::from_secs(10));
+            let events = if a.dequeue_half {
+                q.dequeue_exact((inflight / 2).max(1), timeout)
+            } else {
+                q.dequeue(a.depth, timeout)
+            };
+            for e in events.unwrap() {
                 e.result().expect("send event");
                 inflight -= 1;
                 free.push(e.into_buffer().unwrap());

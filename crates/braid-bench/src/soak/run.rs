@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::net::{Net, connect_pair, contexts, join, session_config};
 use super::target::{RecvState, serve_receives};
-use super::util::{Rng, first_diff, max_rss_kib, secs};
+use super::util::{Rng, first_diff, max_rss_kib, rss_kib, secs};
 use super::worker::{KINDS, Worker, WorkerReport};
 use super::{RECV_LEN, RECVS_PER_EP, SG_GAP, SoakArgs};
 
@@ -80,6 +80,9 @@ pub struct SoakSummary {
     pub flapped_rail_bytes_after_rejoin: Vec<u64>,
     /// Peak RSS (VmHWM) of the process, MiB.
     pub max_rss_mb: f64,
+    /// RSS (VmRSS) when the operations start, half-way through them and when they end, MiB:
+    /// flat when nothing leaks.
+    pub rss_start_mid_end_mb: Vec<f64>,
     /// The bound it was checked against, MiB.
     pub rss_bound_mb: u64,
     /// What went wrong.
@@ -130,8 +133,13 @@ pub(super) fn print_summary(s: &SoakSummary) {
         s.rail_bytes_client, s.flapped_rail_bytes_after_rejoin
     );
     println!(
-        "  max RSS {:.1} MiB (bound {} MiB)",
-        s.max_rss_mb, s.rss_bound_mb
+        "  max RSS {:.1} MiB (bound {} MiB); RSS at start, middle, end of the operations {:?} MiB",
+        s.max_rss_mb,
+        s.rss_bound_mb,
+        s.rss_start_mid_end_mb
+            .iter()
+            .map(|x| (x * 10.0).round() / 10.0)
+            .collect::<Vec<_>>()
     );
     if s.passed {
         println!("  PASSED");
@@ -365,8 +373,13 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
     let hard_end = end + stall * 3 + Duration::from_secs(60);
     let flap_rail = a.flap_rail;
     let set_link = |up: bool| -> Result<()> { net.set_link(flap_rail, up, &pair.ceps) };
+    let rss_mb = || rss_kib() as f64 / 1024.0;
+    summary.rss_start_mid_end_mb.push(rss_mb());
     while workers.iter().any(|w| !w.is_finished()) {
         let now = Instant::now();
+        if summary.rss_start_mid_end_mb.len() == 1 && now >= t_ops + duration / 2 {
+            summary.rss_start_mid_end_mb.push(rss_mb());
+        }
         if now > hard_end {
             abort.store(true, Ordering::Release);
             errors.push("the workers did not finish in time".to_string());
@@ -409,6 +422,10 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
         std::thread::sleep(Duration::from_millis(10));
     }
     let t_ops_done = Instant::now();
+    if summary.rss_start_mid_end_mb.len() == 1 {
+        summary.rss_start_mid_end_mb.push(rss_mb());
+    }
+    summary.rss_start_mid_end_mb.push(rss_mb());
     if down {
         set_link(true)?;
         awaiting_rejoin = Some(Instant::now());

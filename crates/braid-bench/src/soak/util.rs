@@ -20,11 +20,21 @@ pub(super) use braid_testkit::pattern::fill;
 
 /// Peak resident set size of this process (VmHWM), in KiB.
 pub fn max_rss_kib() -> u64 {
+    status_kib("VmHWM:")
+}
+
+/// Resident set size of this process now (VmRSS), in KiB.
+pub fn rss_kib() -> u64 {
+    status_kib("VmRSS:")
+}
+
+/// A KiB figure of `/proc/self/status` (0 where unavailable).
+fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })

@@ -40,6 +40,10 @@ pub(super) struct RailState {
     pub(super) log: VecDeque<LogEntry>,
     /// For a dead rail: how much of it this side had consumed when it died.
     pub(super) dead_consumed: Option<u64>,
+    /// Where the current connection's bytes start in the rail's count (the peer's
+    /// `RailRestore`; 0 for the first connection): a retransmission ending at or before it
+    /// is a frame of an earlier connection.
+    pub(super) conn_start: u64,
     /// A re-established rail whose first frame (`RailRestore`) has not arrived yet.
     pub(super) awaiting_restore: bool,
     /// The retransmission whose payload is being read, by original (rail, end).
@@ -71,6 +75,7 @@ impl RailState {
             crc_check: None,
             log: VecDeque::new(),
             dead_consumed: None,
+            conn_start: 0,
             awaiting_restore: false,
             rx_retx: None,
             capacity: 0.0,

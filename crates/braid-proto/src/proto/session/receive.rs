@@ -36,6 +36,7 @@ impl Session {
             let r = &mut self.rails[rail];
             r.awaiting_restore = false;
             r.rx_bytes = h.arg0;
+            r.conn_start = h.arg0;
             r.rx_advertised = h.arg0;
             r.last_rx = Some(now);
             self.consumed(rail, HEADER_LEN as u64);
@@ -77,14 +78,23 @@ impl Session {
             });
         }
         if let Some((orig_rail, orig_end)) = h.retransmission_of() {
-            if orig_rail >= self.rails.len() || orig_rail == rail {
+            // A frame of an earlier connection of a rail re-established since (the peer may
+            // resend it on any rail, the new connection included): that connection is
+            // gone already, the new one stays.
+            let earlier = self
+                .rails
+                .get(orig_rail)
+                .is_some_and(|o| o.alive && (o.awaiting_restore || orig_end <= o.conn_start));
+            if orig_rail >= self.rails.len() || (orig_rail == rail && !earlier) {
                 return Err(ProtocolError::UnknownOperation {
                     opcode: h.opcode,
                     seq: h.seq,
                 });
             }
             // The peer gave the rail up: so do we, freezing how much of it we consumed.
-            self.rail_down(orig_rail);
+            if !earlier {
+                self.rail_down(orig_rail);
+            }
             let consumed = self.rails[orig_rail].dead_consumed.unwrap_or(0);
             if orig_end <= consumed || self.retx_seen.contains(&(orig_rail, orig_end)) {
                 // Already received on the dead rail (or already retransmitted): drop it.
