@@ -422,6 +422,7 @@ fn real_main() -> Result<()> {
         Cmd::Testbed { cmd } => testbed_cmd(cmd),
         Cmd::Baseline { kind, role } => baseline_cmd(kind, role),
         Cmd::Demo(a) => {
+            braid_testbed::testbed::remove_on_signal()?;
             let opts = demo::DemoOpts {
                 rates: a.shape.rates(),
                 mtu: a.shape.mtu,
@@ -450,7 +451,10 @@ fn real_main() -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Soak(a) => braid_bench::soak::main(&a),
+        Cmd::Soak(a) => {
+            braid_testbed::testbed::remove_on_signal()?;
+            braid_bench::soak::main(&a)
+        }
         Cmd::SoakPeer(a) => braid_bench::soak::peer_main(&a),
         Cmd::Run(a) => {
             let opts = braid_cli::run::RunOpts {

@@ -297,3 +297,67 @@ fn failover_transfer_over_a_rail_that_silently_drops_verifies_every_byte() {
         assert!(j["longest_gap_s"].as_f64().unwrap() < 1.0, "{j}");
     }
 }
+
+#[test]
+fn a_soak_stopped_by_sigterm_removes_its_testbed() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    if skip_reason().is_some() {
+        return;
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_braid"))
+        .args([
+            "soak",
+            "-D",
+            "60",
+            "--no-flap",
+            "--threads",
+            "1",
+            "--endpoints",
+            "1",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start braid soak");
+    let pid = child.id();
+    let prefix = format!("soak-{pid}-");
+    let ours = || -> Vec<String> {
+        testbed::list_netns()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|n| n.starts_with(&prefix))
+            .collect()
+    };
+    let t0 = Instant::now();
+    while ours().len() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the soak's testbed never came up"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the soak ended early");
+        // Polling for the namespaces, bounded above.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    let t1 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t1.elapsed() > Duration::from_secs(30) {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("braid soak did not end within 30 s of SIGTERM");
+        }
+        // Polling the child's exit, bounded above.
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert!(err.contains("removed testbed"), "{err}");
+    assert_no_namespaces(pid);
+}

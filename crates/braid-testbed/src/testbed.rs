@@ -273,6 +273,7 @@ impl Testbed {
             spec: spec.clone(),
             owned: true,
         };
+        owned_names().push(spec.name.clone());
         tb.build()
             .with_context(|| format!("bringing up testbed {:?}", spec.name))?;
         Ok(tb)
@@ -350,6 +351,7 @@ impl Testbed {
     /// Keeps the testbed standing after this guard is dropped.
     pub fn persist(mut self) {
         self.owned = false;
+        owned_names().retain(|n| *n != self.spec.name);
     }
 
     /// Whether dropping this guard removes the testbed.
@@ -541,6 +543,7 @@ impl Testbed {
 impl Drop for Testbed {
     fn drop(&mut self) {
         if self.owned {
+            owned_names().retain(|n| *n != self.spec.name);
             match Self::down_by_name(&self.spec.name) {
                 Ok(v) => tracing::debug!(?v, "testbed removed"),
                 Err(e) => eprintln!(
@@ -550,6 +553,40 @@ impl Drop for Testbed {
             }
         }
     }
+}
+
+/// Names of the testbeds this process brought up and still owns (see [`remove_on_signal`]).
+fn owned_names() -> std::sync::MutexGuard<'static, Vec<String>> {
+    static OWNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    OWNED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Makes SIGINT, SIGTERM and SIGHUP remove every testbed this process owns before it ends
+/// (exit status 128 + the signal), as dropping the guards would: a benchmark stopped half-way
+/// leaves no namespaces behind. For commands with no signal handling of their own; the
+/// children they confined to the namespaces die with them (`confine_child`).
+pub fn remove_on_signal() -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .context("installing signal handlers")?;
+    std::thread::Builder::new()
+        .name("braid-testbed-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let names = std::mem::take(&mut *owned_names());
+                for name in names {
+                    match Testbed::down_by_name(&name) {
+                        Ok(_) => eprintln!("braid: signal {sig}: removed testbed {name:?}"),
+                        Err(e) => {
+                            eprintln!("braid: signal {sig}: removing testbed {name:?}: {e:#}")
+                        }
+                    }
+                }
+                std::process::exit(128 + sig);
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
 }
 
 /// Prepares `cmd` so that its child enters the named network namespace (`None`: it stays in
