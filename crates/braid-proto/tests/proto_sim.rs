@@ -2795,7 +2795,13 @@ fn mixed_case(seed: u64) -> u64 {
             if alive.len() > 1 {
                 let rail = *rng.pick(&alive);
                 let side = rng.urange(0, 1);
-                sim.lose_rail(side, rail);
+                if rng.chance(0.5) {
+                    sim.lose_rail(side, rail);
+                } else {
+                    // The side gives the rail up (a stalled link, say) while everything it
+                    // wrote there still arrives, after its retransmissions may have.
+                    sim.lose_rail_delivering(side, rail);
+                }
                 losses_left -= 1;
             }
         }
