@@ -279,7 +279,12 @@ impl Session {
     /// The peer gave rail `rail` up, and every request it posted before that carries a
     /// sequence number below `boundary`.
     pub(super) fn peer_rail_down(&mut self, rail: usize, boundary: u64) {
-        self.rail_down(rail);
+        // A rail that awaits its `RailRestore` is a new connection: this notice is of the
+        // old one (had the peer given the new one up too, its socket tells).
+        let r = &self.rails[rail];
+        if !(r.alive && r.awaiting_restore) {
+            self.rail_down(rail);
+        }
         self.down_unheard &= !(1 << rail);
         self.recover_until = self.recover_until.max(boundary);
         self.end_recovery();
@@ -566,6 +571,43 @@ mod tests {
             assert!(p.s[0].rail_alive(0) && p.s[1].rail_alive(0));
             assert_eq!(dst.to_vec(0, LEN).unwrap(), pattern);
         }
+    }
+
+    /// The sides re-establish a rail before they have read each other's `RailDown` for
+    /// it: a notice read while the rail awaits its `RailRestore` is of the old connection and
+    /// leaves the new one up.
+    #[test]
+    fn a_rail_down_notice_of_the_old_connection_leaves_the_new_one_up() {
+        let mut p = Pair::new(SessionConfig::default(), 2);
+        let src = p.region(0, 1 << 20, 9);
+        let dst = p.region(1, 1 << 20, 0);
+        p.lose_rail(0);
+        p.restore_rail(0);
+        // Rail 1 (with the notices) is read first; rail 0 (with the restore frames) later.
+        p.held[0] = true;
+        for _ in 0..4 {
+            p.step();
+        }
+        p.held[0] = false;
+        p.post(
+            0,
+            1,
+            Request::Write {
+                local: vec![src.as_sge()],
+                rkey: dst.remote_key().key,
+                addr: 0,
+                imm: None,
+            },
+        );
+        p.run();
+        assert!(
+            p.errors[0].is_empty() && p.errors[1].is_empty(),
+            "{:?}",
+            p.errors
+        );
+        assert!(p.s[0].rail_alive(0) && p.s[1].rail_alive(0));
+        assert_eq!(p.done[0][0].status, Status::Success);
+        assert_eq!(dst.to_vec(0, 1 << 20).unwrap(), vec![9; 1 << 20]);
     }
 
     #[test]
