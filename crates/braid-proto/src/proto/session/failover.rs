@@ -393,7 +393,7 @@ mod tests {
         p.lose_rail(0);
         assert!(p.s[0].recovering && p.s[1].recovering);
         p.run();
-        assert!(p.errors[0].is_empty() && p.errors[1].is_empty());
+        p.assert_no_errors("after the loss");
         let st: Vec<_> = p.done[0]
             .iter()
             .map(|c| (c.wr_id, c.status, c.value))
@@ -440,11 +440,7 @@ mod tests {
             p.run();
             p.held[0] = false;
             p.run();
-            assert!(
-                p.errors[0].is_empty() && p.errors[1].is_empty(),
-                "{:?}",
-                p.errors
-            );
+            p.assert_no_errors("protocol errors");
         };
         pair_of_writes(&mut p, 1);
         let early = p.s[1].early_chunks();
@@ -501,11 +497,7 @@ mod tests {
         };
         p.post(0, 1, w);
         p.run();
-        assert!(
-            p.errors[0].is_empty() && p.errors[1].is_empty(),
-            "{:?}",
-            p.errors
-        );
+        p.assert_no_errors("protocol errors");
         assert_eq!(p.done[0][0].status, Status::Success);
         let first = p.sent[0].iter().find(|(rail, _)| *rail == 1).unwrap();
         assert_eq!(first.1.opcode, Opcode::RailRestore);
@@ -561,11 +553,7 @@ mod tests {
                 p.held[0] = false;
             }
             p.run();
-            assert!(
-                p.errors[0].is_empty() && p.errors[1].is_empty(),
-                "first rail {first_rail}: {:?}",
-                p.errors
-            );
+            p.assert_no_errors(&format!("first rail {first_rail}"));
             assert_eq!(p.done[0].len(), 1, "first rail {first_rail}");
             assert_eq!(p.done[0][0].status, Status::Success);
             assert!(p.s[0].rail_alive(0) && p.s[1].rail_alive(0));
@@ -600,11 +588,7 @@ mod tests {
             },
         );
         p.run();
-        assert!(
-            p.errors[0].is_empty() && p.errors[1].is_empty(),
-            "{:?}",
-            p.errors
-        );
+        p.assert_no_errors("protocol errors");
         assert!(p.s[0].rail_alive(0) && p.s[1].rail_alive(0));
         assert_eq!(p.done[0][0].status, Status::Success);
         assert_eq!(dst.to_vec(0, 1 << 20).unwrap(), vec![9; 1 << 20]);

@@ -210,6 +210,15 @@ impl Pair {
         }
     }
 
+    /// Fails the test if either side raised a protocol error; `what` says which case.
+    pub(super) fn assert_no_errors(&self, what: &str) {
+        assert!(
+            self.errors[0].is_empty() && self.errors[1].is_empty(),
+            "{what}: {:?}",
+            self.errors
+        );
+    }
+
     /// Frames waiting on `rail` from `side`.
     pub(super) fn queued(&self, rail: usize, side: usize) -> usize {
         self.pipes[rail][side].len()
