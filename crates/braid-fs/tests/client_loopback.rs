@@ -314,6 +314,36 @@ fn server_gone_fails_everything_within_the_peer_timeout() {
     assert_eq!(later.errno(), Errno::ENOTCONN, "{later:?}");
 }
 
+/// Writes and reads whose one-sided operation cannot even be posted (the connection is
+/// closed) fail at once and leave the file idle: a later flush reports the failure instead
+/// of waiting for writes that are not in flight. (The failed post was once counted back
+/// twice: the file then looked busy for ever, and a mount's `fsync` or `close` never ended.)
+#[test]
+fn operations_refused_at_posting_leave_the_file_idle() {
+    let s = setup(false);
+    let mut cfg = ClientConfig::new(s.rails.clone());
+    cfg.op_timeout = Duration::from_secs(20);
+    let c = Client::connect(&s.ctx, &cfg).unwrap();
+    let (_, f) = c.create(c.root().node, b"f", 0o644, libc::O_RDWR).unwrap();
+    let buf = s.ctx.alloc_region(1 << 20, Access::LOCAL_WRITE).unwrap();
+    // The file's size and registration are known: the next writes go straight to posting.
+    f.write_at(0, &buf, 0, 1 << 20).unwrap();
+    f.flush().unwrap();
+    c.close();
+    for _ in 0..3 {
+        let e = f.write_at(0, &buf, 0, 1 << 20).unwrap_err();
+        assert_eq!(e.errno(), Errno::ENOTCONN, "{e:?}");
+        let e = f.read_at(0, &buf, 0, 4096).unwrap_err();
+        assert_eq!(e.errno(), Errno::ENOTCONN, "{e:?}");
+    }
+    let e = f.flush().unwrap_err();
+    assert!(
+        !matches!(e, Error::Timeout(_)),
+        "the file stayed busy: {e:?}"
+    );
+    assert_eq!(e.errno(), Errno::ENOTCONN, "{e:?}");
+}
+
 /// A local process truncates the file on the server under a client: reads past the new end
 /// are short, a write past it grows the file again; the server takes no SIGBUS.
 #[test]

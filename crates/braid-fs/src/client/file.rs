@@ -345,7 +345,8 @@ impl FileState {
             run(later);
         });
         if let Err((e, cb)) = c.data.read(local, &key, offset, cb) {
-            g.reads_in_flight -= 1;
+            // The callback comes back unrun; running it (after the lock) takes its count
+            // back, as a completion would.
             later.push(Box::new(move || cb(Err(e))));
         }
     }
@@ -445,9 +446,10 @@ impl FileState {
             }
         });
         if let Err((e, cb)) = c.data.write(local, &key, offset, cb) {
-            // The callback was handed back unrun: undo its count ourselves.
-            g.writes_in_flight -= 1;
-            g.error.get_or_insert(e.errno());
+            // The callback comes back unrun; running it (after the lock) takes its count
+            // back and records the error, as a failed completion would. (Taking the count
+            // here as well left the file busy for ever: a flush, fsync or close then never
+            // ended.)
             later.push(Box::new(move || cb(Err(e))));
         }
     }
