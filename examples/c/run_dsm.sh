@@ -20,7 +20,19 @@ cc -O2 -Wall -Wextra -I include examples/c/dsm_hello.c -o "$OUT/dsm_hello_static
 export LD_LIBRARY_PATH="$ROOT/target/release${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 for prog in dsm_hello dsm_hello_static; do
-    PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    # A free port below the ephemeral range: one of that range could be taken by a rank's
+    # own sockets before rank 0 listens (braid_boot::rendezvous_port does the same).
+    PORT=$(python3 -c '
+import random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for p in random.sample(range(lo // 2, lo), lo - lo // 2):
+    try:
+        socket.create_server(("127.0.0.1", p)).close()
+        print(p)
+        break
+    except OSError:
+        pass
+')
     pids=""
     r=0
     while [ "$r" -lt "$N" ]; do

@@ -39,6 +39,7 @@ mod auth;
 mod client;
 mod env;
 mod error;
+mod port;
 mod root;
 pub mod wire;
 mod world;
@@ -48,4 +49,5 @@ pub use env::{
     JOB_ENV, JOIN_TIMEOUT_ENV, LAUNCHER_JOB_VARS, LaunchEnv, RAILS_ENV, RANK_SIZE_VARS, ROOT_ENV,
 };
 pub use error::{BootError, Refusal};
+pub use port::rendezvous_port;
 pub use world::{World, WorldOptions};

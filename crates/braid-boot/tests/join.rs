@@ -2,7 +2,7 @@
 //! every start-up failure the bootstrap promises a clear, bounded error for.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -10,13 +10,10 @@ use braid::{Access, CompletionKind, CompletionQueue, Context};
 use braid_boot::wire::{self, ClientMsg, RankInfo, ServerMsg};
 use braid_boot::{BootError, LaunchEnv, Refusal, World, WorldOptions};
 
-/// A port free right now on 127.0.0.1.
+/// A loopback port free right now for the rendezvous, not one of the ephemeral range
+/// (which a rank's own sockets could take before rank 0 listens).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    braid_boot::rendezvous_port(std::net::Ipv4Addr::LOCALHOST.into()).unwrap()
 }
 
 fn env(rank: usize, size: usize, port: u16, job: &str, timeout_s: f64) -> LaunchEnv {

@@ -9,7 +9,7 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -102,11 +102,10 @@ pub fn plan(opts: &RunOpts, testbed: Option<&Testbed>, port: u16, job: &str) -> 
         .collect()
 }
 
-/// A port that is free now in namespace `netns` (or here), for the rendezvous.
+/// A port that is free now in namespace `netns` (or here), for the rendezvous (see
+/// [`braid_boot::rendezvous_port`]: not one of the ephemeral range).
 fn free_port(netns: Option<&str>) -> Result<u16> {
-    let pick = |ip: Ipv4Addr| -> std::io::Result<u16> {
-        Ok(TcpListener::bind((ip, 0))?.local_addr()?.port())
-    };
+    let pick = |ip: Ipv4Addr| braid_boot::rendezvous_port(ip.into());
     match netns {
         None => Ok(pick(Ipv4Addr::LOCALHOST)?),
         Some(ns) => Ok(spawn_in_netns(ns, move || pick(Ipv4Addr::UNSPECIFIED))?

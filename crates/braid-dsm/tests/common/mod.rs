@@ -4,7 +4,6 @@
 
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,13 +12,10 @@ pub fn scenario() -> Option<String> {
     std::env::var("DSM_TEST_SCENARIO").ok()
 }
 
-/// A free loopback port for the rendezvous.
+/// A loopback port free right now for the rendezvous, not one of the ephemeral range
+/// (which a rank's own sockets could take before rank 0 listens).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    braid_boot::rendezvous_port(std::net::Ipv4Addr::LOCALHOST.into()).unwrap()
 }
 
 /// Children killed when dropped (a failed test leaves no ranks behind).
