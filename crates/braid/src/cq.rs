@@ -65,6 +65,10 @@ struct CqInner {
     sleep_on_rails: AtomicBool,
     /// A thread has armed the queue: pushes ring `rails_waker`.
     rail_sleeper: AtomicBool,
+    /// The armed thread is one blocked in [`CompletionQueue::wait`]: it takes what is
+    /// pushed itself and passes what it leaves on, so pushes need not wake a thread
+    /// sleeping on the condition variable too.
+    waiter_armed: AtomicBool,
 }
 
 /// A queue of [`Completion`]s shared by the endpoints that report into it.
@@ -113,6 +117,7 @@ impl CompletionQueue {
                 rails_waker,
                 sleep_on_rails: AtomicBool::new(true),
                 rail_sleeper: AtomicBool::new(false),
+                waiter_armed: AtomicBool::new(false),
             }),
         }
     }
@@ -221,7 +226,10 @@ impl CompletionQueue {
             let mut st = self.inner.state.lock();
             st.items.push_back(c);
             self.inner.len.store(st.items.len(), Ordering::Release);
-            if st.sleepers > 0 {
+            // A waiter sleeping on the rails takes this itself: waking a second one as
+            // well would only have the two race for it (with four server workers on two
+            // cores, that race made each request cost two wake-ups).
+            if st.sleepers > 0 && !self.inner.waiter_armed.load(Ordering::SeqCst) {
                 self.inner.ready.notify_one();
             }
             std::mem::take(&mut st.wakers)
@@ -296,19 +304,28 @@ impl CompletionQueue {
         if Instant::now() < deadline
             && let Some(mut armed) = self.arm()
         {
-            loop {
+            self.inner.waiter_armed.store(true, Ordering::SeqCst);
+            let got = loop {
                 if let Some(c) = self.pop_locked(&mut self.inner.state.lock()) {
-                    return Some(c);
+                    break Some(c);
                 }
                 std::sync::atomic::fence(Ordering::SeqCst);
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return None;
+                    break None;
                 }
                 if self.is_empty() {
                     armed.sleep(left);
                 }
+            };
+            self.inner.waiter_armed.store(false, Ordering::SeqCst);
+            drop(armed);
+            // Pushes while this thread was armed woke no other waiter: hand on what is left.
+            let st = self.inner.state.lock();
+            if !st.items.is_empty() && st.sleepers > 0 {
+                self.inner.ready.notify_one();
             }
+            return got;
         }
         for d in self.inner.drivers.lock().iter().filter_map(Weak::upgrade) {
             d.release();

@@ -160,6 +160,17 @@ fn an_armed_queues_descriptor_wakes_a_poll_set() {
 /// condition variable): every message is received exactly once.
 #[test]
 fn two_waiters_on_one_queue_receive_every_message_once() {
+    waiters_receive_every_message_once(2);
+}
+
+/// As a server's worker pool waits: one waiter sleeps on the rails and takes what it reads
+/// itself, the others sleep on the queue and are woken only for what it leaves.
+#[test]
+fn four_waiters_on_one_queue_receive_every_message_once() {
+    waiters_receive_every_message_once(4);
+}
+
+fn waiters_receive_every_message_once(waiters: usize) {
     const N: u64 = 1000;
     const SLOTS: u64 = 16;
     let p = pair(2);
@@ -177,7 +188,7 @@ fn two_waiters_on_one_queue_receive_every_message_once() {
     let seen = Arc::new((0..N).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
     let received = AtomicU64::new(0);
     std::thread::scope(|s| {
-        for _ in 0..2 {
+        for _ in 0..waiters {
             s.spawn(|| {
                 let start = Instant::now();
                 while received.load(Ordering::Acquire) < N {
