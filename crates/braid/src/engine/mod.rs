@@ -32,6 +32,15 @@ use tx::TxState;
 /// An application thread that polled this recently is taken to be polling still.
 const APP_POLL_HOLD_NS: u64 = 1_000_000;
 
+/// How long a busy-polling thread holds back control frames that its reading produced,
+/// for a request of the application's to carry in the same send: a ping-pong's `Done`
+/// otherwise leaves alone on the next poll, a moment before the reply that could carry it
+/// (one `sendmsg` and one wake-up of the peer's receive path more per message: 8 B
+/// ping-pong over an unshaped testbed rail, 7.3-7.5 µs one way against 6.4-6.5 without).
+/// Requests, responses and retransmissions are never held; a thread going to sleep sends
+/// everything first.
+const CTRL_HOLD_NS: u64 = 20_000;
+
 /// Monotonic nanoseconds since the first call (never 0).
 pub(crate) fn clock_ns() -> u64 {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -116,6 +125,10 @@ pub(crate) struct EndpointShared {
     /// When an application thread last drove this endpoint's progress (nanoseconds on
     /// [`clock_ns`]; 0 = not polling). While recent, the engine leaves reads to it.
     pub(crate) app_polled: AtomicU64,
+    /// Since when a polling thread has held back control frames (a `Done`, an
+    /// acknowledgement) for the application's next request to carry ([`clock_ns`]; 0 =
+    /// none held). See [`CTRL_HOLD_NS`].
+    pub(crate) ctrl_held_since: AtomicU64,
     /// Threads sleeping on this endpoint's sockets (see `CompletionQueue::arm`): the
     /// engine leaves reads to them as to a polling thread.
     pub(crate) rail_sleepers: AtomicUsize,
@@ -182,14 +195,19 @@ impl EndpointShared {
         if self.closed.load(Ordering::Acquire) {
             return;
         }
-        self.app_polled.store(clock_ns(), Ordering::Release);
+        let now = clock_ns();
+        self.app_polled.store(now, Ordering::Release);
         // What the previous poll's reading produced (acknowledgements, Done frames) goes out
-        // first: a request the application posted in between carries it in the same send.
-        let want_tx = {
+        // first, unless it is control frames only and a busy-polling thread has held them
+        // for less than CTRL_HOLD_NS: a request the application posts meanwhile carries
+        // them in the same send.
+        let (data, ctrl) = {
             let s = self.session.lock();
-            (0..self.rails.len()).any(|r| s.wants_transmit(r))
+            (0..self.rails.len()).fold((false, false), |(d, c), r| {
+                (d || s.wants_data_transmit(r), c || s.wants_transmit(r))
+            })
         };
-        if want_tx {
+        if data || (ctrl && (wait_for_readers || self.ctrl_held_long(now))) {
             self.flush_all();
         }
         for rail in 0..self.rails.len() {
@@ -201,6 +219,18 @@ impl EndpointShared {
         }
         if self.session.lock().rx_retry_pending() {
             self.kicker.kick(self.id);
+        }
+    }
+
+    /// Control frames are waiting: true once they have been held back for
+    /// [`CTRL_HOLD_NS`] (the first call starts the hold).
+    fn ctrl_held_long(&self, now: u64) -> bool {
+        match self
+            .ctrl_held_since
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => false,
+            Err(since) => now.saturating_sub(since) >= CTRL_HOLD_NS,
         }
     }
 

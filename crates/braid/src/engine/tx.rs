@@ -161,6 +161,8 @@ impl EndpointShared {
     /// chosen for the next one after a later rail took its own: passes repeat while a rail
     /// that is not blocked still has frames (each pass sends at least one; bounded anyway).
     pub(crate) fn flush_all(&self) -> bool {
+        // Whatever a polling thread held back goes now.
+        self.ctrl_held_since.store(0, Ordering::Release);
         for _ in 0..FLUSH_PASSES {
             let mut again = false;
             for rail in 0..self.rails.len() {

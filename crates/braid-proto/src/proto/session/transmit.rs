@@ -99,9 +99,15 @@ impl Session {
     /// True when [`Session::poll_transmit`] would return a frame for `rail`.
     pub fn wants_transmit(&self, rail: usize) -> bool {
         let r = &self.rails[rail];
-        r.alive
-            && (!r.ctrl.is_empty()
-                || (!self.retx.is_empty() && self.data_allowed(rail))
+        r.alive && (!r.ctrl.is_empty() || self.wants_data_transmit(rail))
+    }
+
+    /// True when [`Session::poll_transmit`] would return a request, response or
+    /// retransmission for `rail` (not only control frames such as a `Done` or an
+    /// acknowledgement, which a driver may hold back briefly for the next request to carry).
+    pub fn wants_data_transmit(&self, rail: usize) -> bool {
+        self.rails[rail].alive
+            && ((!self.retx.is_empty() && self.data_allowed(rail))
                 || ((!self.tx_req.is_empty() || !self.tx_resp.is_empty())
                     && self.data_allowed(rail)
                     && !self.leaves_lone_share(rail)
