@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use braid::{RemoteKey, Sge};
 use parking_lot::Mutex;
@@ -76,9 +77,17 @@ struct FileInner {
     /// Written since the last commit.
     dirty: bool,
     idle: Vec<IdleCb>,
+    /// When the oldest of `idle` began to wait.
+    idle_since: Option<Instant>,
 }
 
 impl FileInner {
+    /// The callbacks waiting for the file's writes to end, to run now.
+    fn take_idle(&mut self) -> Vec<IdleCb> {
+        self.idle_since = None;
+        std::mem::take(&mut self.idle)
+    }
+
     fn busy_writing(&self) -> bool {
         self.writes_in_flight > 0
             || self.request_writes > 0
@@ -213,10 +222,31 @@ impl FileState {
         let mut g = self.inner.lock();
         if g.busy_writing() {
             g.idle.push(f);
+            g.idle_since.get_or_insert_with(Instant::now);
         } else {
             drop(g);
             f();
         }
+    }
+
+    /// A flush, fsync or close has waited longer than `timeout` for this file's writes to
+    /// end: it goes on now with `ETIMEDOUT` as the file's write error, which it reports,
+    /// rather than wait without bound (as a request does after `op_timeout`). A write
+    /// whose completion never comes would otherwise hold every later flush for ever.
+    /// True if anything was waiting that long.
+    pub(crate) fn expire_idle(&self, timeout: Duration) -> bool {
+        let cbs = {
+            let mut g = self.inner.lock();
+            if g.idle_since.is_none_or(|t| t.elapsed() < timeout) {
+                return false;
+            }
+            g.error.get_or_insert(Errno::ETIMEDOUT);
+            g.take_idle()
+        };
+        for f in cbs {
+            f();
+        }
+        true
     }
 
     /// Reads into `local` from file offset `offset`; `cb` gets the bytes read.
@@ -431,7 +461,7 @@ impl FileState {
                         let idle = if g.busy_writing() {
                             Vec::new()
                         } else {
-                            std::mem::take(&mut g.idle)
+                            g.take_idle()
                         };
                         Some((user_cb, r, idle))
                     }
@@ -533,7 +563,7 @@ impl FileState {
             }
         }
         if !g.busy_writing() {
-            later.extend(std::mem::take(&mut g.idle));
+            later.extend(g.take_idle());
         }
     }
 
@@ -548,13 +578,32 @@ impl FileState {
                 }
             }
         }
-        later.extend(std::mem::take(&mut g.idle));
+        later.extend(g.take_idle());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flush waiting for writes that never end goes on after the timeout, with
+    /// `ETIMEDOUT` as the write error it reports; one waiting less long stays.
+    #[test]
+    fn a_flush_waits_for_writes_at_most_the_timeout() {
+        let f = FileState::new();
+        assert!(f.begin_request_write(), "idle at first");
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let r = ran.clone();
+        f.when_idle(Box::new(move || {
+            r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }));
+        assert!(!f.expire_idle(Duration::from_secs(60)), "not yet");
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert!(f.expire_idle(Duration::ZERO));
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(f.take_flush_state(), (false, Some(Errno::ETIMEDOUT)));
+        assert!(!f.expire_idle(Duration::ZERO), "nothing waits any more");
+    }
 
     fn reg(key: u64, generation: u64, writable: bool) -> RegionInfo {
         RegionInfo {

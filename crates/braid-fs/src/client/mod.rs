@@ -132,7 +132,8 @@ pub struct ClientConfig {
     /// Bound on a request's wait for its reply (default 60 s): a blocking call returns
     /// [`Error::Timeout`] then, and a request of any kind still unanswered fails the
     /// connection (every outstanding request fails), so nothing waits forever on a server
-    /// that is alive but stopped answering. The connection's own peer timeout
+    /// that is alive but stopped answering. A flush, fsync or close that has waited this
+    /// long for the file's one-sided writes goes on and reports `ETIMEDOUT`. The connection's own peer timeout
     /// (3 s by default) fails every operation of a dead server long before.
     pub op_timeout: Duration,
     /// Bound on connecting and the hello (default 10 s).
@@ -194,6 +195,25 @@ impl Inner {
     /// The data-path state of a file this client has open, if any.
     pub(crate) fn existing_file_state(&self, node: NodeId) -> Option<Arc<FileState>> {
         self.files.lock().get(&node.id).and_then(Weak::upgrade)
+    }
+
+    /// Lets flushes that have waited longer than `timeout` for a file's writes go on with
+    /// `ETIMEDOUT` (see [`FileState::expire_idle`]).
+    fn expire_idle_files(&self, timeout: Duration) {
+        // Collected first: the callbacks may look files up again.
+        let files: Vec<Arc<FileState>> = self
+            .files
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for f in files {
+            if f.expire_idle(timeout) {
+                tracing::warn!(
+                    "a flush waited more than {timeout:?} for a file's writes; it fails with ETIMEDOUT"
+                );
+            }
+        }
     }
 
     fn dispatch(&self, c: Completion) {
@@ -465,6 +485,7 @@ fn completion_loop(inner: &Inner) {
         }
         if Instant::now() >= next_expiry_check {
             inner.rpc.expire(inner.cfg.op_timeout);
+            inner.expire_idle_files(inner.cfg.op_timeout);
             next_expiry_check = Instant::now() + Duration::from_millis(50);
         }
     }
