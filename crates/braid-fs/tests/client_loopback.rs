@@ -336,12 +336,20 @@ fn operations_refused_at_posting_leave_the_file_idle() {
         let e = f.read_at(0, &buf, 0, 4096).unwrap_err();
         assert_eq!(e.errno(), Errno::ENOTCONN, "{e:?}");
     }
+    // A file left busy would hold the flush until the client gives up waiting for its
+    // writes (op_timeout, 20 s here); an idle one fails at once, on the closed connection.
+    let t = Instant::now();
     let e = f.flush().unwrap_err();
     assert!(
         !matches!(e, Error::Timeout(_)),
         "the file stayed busy: {e:?}"
     );
     assert_eq!(e.errno(), Errno::ENOTCONN, "{e:?}");
+    assert!(
+        t.elapsed() < cfg.op_timeout,
+        "the flush waited {:?} for writes that were not in flight",
+        t.elapsed()
+    );
 }
 
 /// A local process truncates the file on the server under a client: reads past the new end
