@@ -133,8 +133,9 @@ pub struct ClientConfig {
     /// [`Error::Timeout`] then, and a request of any kind still unanswered fails the
     /// connection (every outstanding request fails), so nothing waits forever on a server
     /// that is alive but stopped answering. A flush, fsync or close that has waited this
-    /// long for the file's one-sided writes goes on and reports `ETIMEDOUT`. The connection's own peer timeout
-    /// (3 s by default) fails every operation of a dead server long before.
+    /// long for the file's one-sided writes goes on and reports `ETIMEDOUT`. The
+    /// connection's own peer timeout (3 s by default) fails every operation of a dead
+    /// server long before.
     pub op_timeout: Duration,
     /// Bound on connecting and the hello (default 10 s).
     pub connect_timeout: Duration,

@@ -36,7 +36,8 @@ const APP_POLL_HOLD_NS: u64 = 1_000_000;
 /// for a request of the application's to carry in the same send: a ping-pong's `Done`
 /// otherwise leaves alone on the next poll, a moment before the reply that could carry it
 /// (one `sendmsg` and one wake-up of the peer's receive path more per message: 8 B
-/// ping-pong over an unshaped testbed rail, 7.3-7.5 µs one way against 6.4-6.5 without).
+/// ping-pong over an unshaped testbed rail, `scripts/lat-vs-ucx.sh BRAID 3`, 7.17-10.12 µs
+/// one way before the hold, 6.29-6.35 µs with it).
 /// Requests, responses and retransmissions are never held; a thread going to sleep sends
 /// everything first.
 const CTRL_HOLD_NS: u64 = 20_000;
@@ -204,7 +205,8 @@ impl EndpointShared {
         let (data, ctrl) = {
             let s = self.session.lock();
             (0..self.rails.len()).fold((false, false), |(d, c), r| {
-                (d || s.wants_data_transmit(r), c || s.wants_transmit(r))
+                let data = d || s.wants_data_transmit(r);
+                (data, data || c || s.wants_transmit(r))
             })
         };
         if data || (ctrl && (wait_for_readers || self.ctrl_held_long(now))) {

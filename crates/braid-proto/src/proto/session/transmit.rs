@@ -99,7 +99,7 @@ impl Session {
     /// True when [`Session::poll_transmit`] would return a frame for `rail`.
     pub fn wants_transmit(&self, rail: usize) -> bool {
         let r = &self.rails[rail];
-        r.alive && (!r.ctrl.is_empty() || self.wants_data_transmit(rail))
+        (r.alive && !r.ctrl.is_empty()) || self.wants_data_transmit(rail)
     }
 
     /// True when [`Session::poll_transmit`] would return a request, response or
