@@ -8,7 +8,7 @@
 //! in order). Errors of writes are kept and reported by the next flush (close) or fsync,
 //! as a local file system reports write-back errors.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,10 @@ use parking_lot::Mutex;
 use super::data::DataCb;
 use super::{Error, Inner};
 use crate::proto::{Errno, Mapped, RegionInfo, Reply, Request};
+
+/// How far the landed writes must have moved before the server is told (`Landed`): its
+/// early writeback works in steps of this size.
+const LANDED_STEP: u64 = 8 << 20;
 
 /// Receives the bytes read (fewer than asked at the end of the file) or the error.
 pub(crate) type ReadCb = Box<dyn FnOnce(Result<usize, Error>) + Send>;
@@ -68,6 +72,12 @@ struct FileInner {
     growing: Option<u64>,
     queue: VecDeque<Queued>,
     writes_in_flight: usize,
+    /// File offsets where the one-sided writes in flight start (with their counts).
+    write_starts: BTreeMap<u64, u32>,
+    /// The highest end of a one-sided write that has landed.
+    landed_high: u64,
+    /// The offset last told to the server with `Landed`.
+    landed_told: u64,
     /// Writes carried inside a request (not one-sided), acknowledged to the application
     /// before the server's reply: nothing else of this file starts until they are done.
     request_writes: usize,
@@ -107,6 +117,29 @@ impl FileInner {
             }
         };
         key.map(|r| r.remote_key())
+    }
+
+    /// A one-sided write starting at `offset` has ended (`landed_end`: where it ended, if
+    /// its bytes landed). Returns the offset to tell the server with `Landed`, if every
+    /// write below it has now landed and it has moved a step since the last one told.
+    fn write_ended(&mut self, offset: u64, landed_end: Option<u64>) -> Option<u64> {
+        self.writes_in_flight -= 1;
+        if let Some(n) = self.write_starts.get_mut(&offset) {
+            *n -= 1;
+            if *n == 0 {
+                self.write_starts.remove(&offset);
+            }
+        }
+        self.landed_high = self.landed_high.max(landed_end?);
+        let upto = match self.write_starts.keys().next() {
+            Some(&first) => first.min(self.landed_high),
+            None => self.landed_high,
+        };
+        if upto < self.landed_told.saturating_add(LANDED_STEP) {
+            return None;
+        }
+        self.landed_told = upto;
+        Some(upto)
     }
 
     fn learn(&mut self, size: u64, region: Option<RegionInfo>) {
@@ -156,7 +189,11 @@ impl FileState {
 
     /// The size set by this client (a truncation or extension it made).
     pub(crate) fn set_size(&self, size: u64) {
-        self.inner.lock().size = size;
+        let mut g = self.inner.lock();
+        g.size = size;
+        // Written again after a truncation: what landed before it says nothing.
+        g.landed_high = g.landed_high.min(size);
+        g.landed_told = g.landed_told.min(size);
     }
 
     /// The server reported the file at least this large (after a write this client made).
@@ -422,6 +459,7 @@ impl FileState {
             return;
         };
         g.writes_in_flight += 1;
+        *g.write_starts.entry(op.offset).or_default() += 1;
         let me = self.clone();
         let c2 = c.clone();
         let WriteOp {
@@ -436,7 +474,14 @@ impl FileState {
             let mut later = Later::new();
             let done = {
                 let mut g = me.inner.lock();
-                g.writes_in_flight -= 1;
+                let landed_end = r.is_ok().then(|| offset.saturating_add(again.len as u64));
+                if let Some(upto) = g.write_ended(offset, landed_end) {
+                    // A hint for the server's early writeback; its answer changes nothing.
+                    let c3 = c2.clone();
+                    later.push(Box::new(move || {
+                        let _ = c3.rpc.call(&Request::Landed { fh, upto }, Box::new(|_| {}));
+                    }));
+                }
                 match r {
                     Err(Error::Access) if !retried => {
                         // The file shrank under the write (another client or a local
@@ -603,6 +648,47 @@ mod tests {
         assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
         assert_eq!(f.take_flush_state(), (false, Some(Errno::ETIMEDOUT)));
         assert!(!f.expire_idle(Duration::ZERO), "nothing waits any more");
+    }
+
+    /// The server hears of landed writes once every write below has landed, a step at a
+    /// time, and never of bytes that did not land.
+    #[test]
+    fn landed_writes_are_told_in_steps_below_every_write_in_flight() {
+        const MIB: u64 = 1 << 20;
+        let mut g = FileInner::default();
+        let start = |g: &mut FileInner, at: u64| {
+            g.writes_in_flight += 1;
+            *g.write_starts.entry(at).or_default() += 1;
+        };
+        for i in 0..12 {
+            start(&mut g, i * MIB);
+        }
+        // Out of order: 1..9 MiB land while the first write is still in flight.
+        for i in 1..9 {
+            assert_eq!(g.write_ended(i * MIB, Some((i + 1) * MIB)), None, "{i}");
+        }
+        assert_eq!(
+            g.write_ended(0, Some(MIB)),
+            Some(9 * MIB),
+            "all below 9 MiB landed"
+        );
+        // A failed write lands nothing; the next step needs 17 MiB.
+        assert_eq!(g.write_ended(9 * MIB, None), None);
+        assert_eq!(g.write_ended(10 * MIB, Some(11 * MIB)), None);
+        for i in 12..20 {
+            start(&mut g, i * MIB);
+        }
+        assert_eq!(g.write_ended(11 * MIB, Some(12 * MIB)), None);
+        for i in 12..16 {
+            assert_eq!(g.write_ended(i * MIB, Some((i + 1) * MIB)), None, "{i}");
+        }
+        assert_eq!(g.write_ended(16 * MIB, Some(17 * MIB)), Some(17 * MIB));
+        assert_eq!(g.write_ended(17 * MIB, Some(18 * MIB)), None);
+        assert_eq!(g.writes_in_flight, 2);
+        assert_eq!(
+            g.write_starts.keys().copied().collect::<Vec<_>>(),
+            [18 * MIB, 19 * MIB]
+        );
     }
 
     fn reg(key: u64, generation: u64, writable: bool) -> RegionInfo {

@@ -186,6 +186,14 @@ pub enum Request {
         /// Size the file must have at least.
         min_size: u64,
     },
+    /// Every one-sided write of this client below `upto` has landed: the server may start
+    /// writing that range back to its disk (a hint; the commit is what makes data durable).
+    Landed {
+        /// The handle.
+        fh: u64,
+        /// File offset below which no write of this client is in flight.
+        upto: u64,
+    },
     /// Writes bytes carried in the request (small writes).
     Write {
         /// The handle.
@@ -247,10 +255,11 @@ pub enum Op {
     ReadDir = 22,
     ReleaseDir = 23,
     StatFs = 24,
+    Landed = 25,
 }
 
 impl Op {
-    const ALL: [Op; 24] = [
+    const ALL: [Op; 25] = [
         Op::Hello,
         Op::Lookup,
         Op::Walk,
@@ -275,6 +284,7 @@ impl Op {
         Op::ReadDir,
         Op::ReleaseDir,
         Op::StatFs,
+        Op::Landed,
     ];
 
     /// The op with this code.
@@ -306,6 +316,7 @@ impl Request {
             Request::Release { .. } => Op::Release,
             Request::Commit { .. } => Op::Commit,
             Request::MapRegion { .. } => Op::MapRegion,
+            Request::Landed { .. } => Op::Landed,
             Request::Write { .. } => Op::Write,
             Request::OpenDir { .. } => Op::OpenDir,
             Request::ReadDir { .. } => Op::ReadDir,
@@ -570,9 +581,9 @@ pub fn encode_request(id: u64, req: &Request) -> Result<Vec<u8>, EncodeError> {
             w.u64(*fh);
             w.u32(*flags);
         }
-        Request::MapRegion { fh, min_size } => {
+        Request::MapRegion { fh, min_size: n } | Request::Landed { fh, upto: n } => {
             w.u64(*fh);
-            w.u64(*min_size);
+            w.u64(*n);
         }
         Request::Write { fh, offset, data } => {
             w.u64(*fh);
@@ -713,6 +724,10 @@ pub fn decode_request(buf: &[u8]) -> Result<(u64, Request), DecodeError> {
         Op::MapRegion => Request::MapRegion {
             fh: r.u64()?,
             min_size: r.u64()?,
+        },
+        Op::Landed => Request::Landed {
+            fh: r.u64()?,
+            upto: r.u64()?,
         },
         Op::Write => Request::Write {
             fh: r.u64()?,

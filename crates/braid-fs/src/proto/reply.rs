@@ -55,7 +55,7 @@ pub enum Reply {
     /// To `GetAttr`, `SetAttr`, `Commit`; to `Unlink` and `Rmdir` the parent directory's
     /// attributes after the removal.
     Attr(Attr),
-    /// To `Forget`, `Rename`, `Release`, `ReleaseDir`.
+    /// To `Forget`, `Rename`, `Release`, `ReleaseDir`, `Landed`.
     Empty,
     /// To `ReadLink`.
     Link(Vec<u8>),
@@ -176,7 +176,10 @@ fn reply_op_matches(op: Op, reply: &Reply) -> Result<(), ()> {
             op,
             Op::GetAttr | Op::SetAttr | Op::Commit | Op::Unlink | Op::Rmdir
         ),
-        Reply::Empty => matches!(op, Op::Forget | Op::Rename | Op::Release | Op::ReleaseDir),
+        Reply::Empty => matches!(
+            op,
+            Op::Forget | Op::Rename | Op::Release | Op::ReleaseDir | Op::Landed
+        ),
         Reply::Link(_) => op == Op::ReadLink,
         Reply::Opened(_) => op == Op::Open,
         Reply::Created(..) => op == Op::Create,
@@ -217,7 +220,7 @@ pub fn decode_reply(buf: &[u8]) -> Result<(u64, Op, Result<Reply, Errno>), Decod
         Op::GetAttr | Op::SetAttr | Op::Commit | Op::Unlink | Op::Rmdir => {
             Reply::Attr(Attr::get(r)?)
         }
-        Op::Forget | Op::Rename | Op::Release | Op::ReleaseDir => Reply::Empty,
+        Op::Forget | Op::Rename | Op::Release | Op::ReleaseDir | Op::Landed => Reply::Empty,
         Op::ReadLink => Reply::Link(get_path(r, "symlink target")?),
         Op::Open => Reply::Opened(get_opened(r)?),
         Op::Create => Reply::Created(Entry::get(r)?, get_opened(r)?, Attr::get(r)?),

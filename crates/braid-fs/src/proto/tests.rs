@@ -182,6 +182,7 @@ fn request() -> impl Strategy<Value = Request> {
         any::<u64>().prop_map(|fh| Request::Release { fh }),
         (any::<u64>(), 0u32..8).prop_map(|(fh, flags)| Request::Commit { fh, flags }),
         (any::<u64>(), any::<u64>()).prop_map(|(fh, min_size)| Request::MapRegion { fh, min_size }),
+        (any::<u64>(), any::<u64>()).prop_map(|(fh, upto)| Request::Landed { fh, upto }),
         (
             any::<u64>(),
             any::<u64>(),
@@ -301,7 +302,7 @@ proptest! {
 
     /// Arbitrary bytes behind a valid header: both decoders return, whatever the body.
     #[test]
-    fn hostile_bodies_never_panic(op in 1u16..=25, reply in any::<bool>(), status in prop_oneof![Just(0u32), any::<u32>()], body in proptest::collection::vec(any::<u8>(), 0..200)) {
+    fn hostile_bodies_never_panic(op in 1u16..=26, reply in any::<bool>(), status in prop_oneof![Just(0u32), any::<u32>()], body in proptest::collection::vec(any::<u8>(), 0..200)) {
         let mut m = Vec::new();
         m.extend_from_slice(&MAGIC.to_le_bytes());
         m.push(VERSION);

@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, SeekFrom, Timespec, Timestamps};
 
 use super::inode::{Inode, InodeTable, dev_from_wire, empty_path, open_beneath, os, resolve_flags};
+use super::region::FileRegions;
 use super::writeback::Writeback;
 use crate::proto::{
     Attr, COMMIT_DATASYNC, COMMIT_SYNC, COMMIT_TOUCH, Creds, DirEntry, Entry, Errno, MAX_MSG,
@@ -426,6 +427,16 @@ impl Export {
                 let f = cs.lock().file(fh)?;
                 self.map_region(&f, min_size).map(Reply::Mapped)
             }
+            Request::Landed { fh, upto } => {
+                let f = cs.lock().file(fh)?;
+                if f.writable && !self.read_only {
+                    let size = f.inode.attr()?.size;
+                    let mut r = f.inode.regions.lock();
+                    let range = r.writeback_upto(size, upto);
+                    self.start_writeback(&f, &r, range);
+                }
+                Ok(Reply::Empty)
+            }
             Request::Write { fh, offset, data } => {
                 let f = cs.lock().file(fh)?;
                 if !f.writable {
@@ -605,16 +616,22 @@ impl Export {
             // The client grows a file just before writing the new range.
             r.populate(old, attr.size);
             // ... and has had time to fill what lies well before the old end.
-            if let Some((from, to)) = r.writeback_range(old) {
-                // Unmapped from the server first: see FileRegion::unmap_pages.
-                let maps = r.writable_mappings();
-                let unmap = move || maps.iter().for_each(|m| m.unmap_pages(from, to));
-                self.writeback.request(&f.fd, Box::new(unmap), from, to);
-            }
+            let range = r.writeback_range(old);
+            self.start_writeback(f, &r, range);
             return Ok(Mapped { attr, region });
         }
         let region = r.ensure(&self.ctx, &f.fd, attr.size, f.writable && !self.read_only)?;
         Ok(Mapped { attr, region })
+    }
+
+    /// Hands `range` of the file (if any) to the writeback thread.
+    fn start_writeback(&self, f: &OpenFile, r: &FileRegions, range: Option<(u64, u64)>) {
+        if let Some((from, to)) = range {
+            // Unmapped from the server first: see FileRegion::unmap_pages.
+            let maps = r.writable_mappings();
+            let unmap = move || maps.iter().for_each(|m| m.unmap_pages(from, to));
+            self.writeback.request(&f.fd, Box::new(unmap), from, to);
+        }
     }
 
     fn setattr(

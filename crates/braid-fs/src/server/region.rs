@@ -196,9 +196,17 @@ impl FileRegions {
     /// `old` bytes: from where the last one ended to [`LAG`] bytes before `old`, if that is
     /// at least [`STEP`] bytes. Records it as started.
     pub(crate) fn writeback_range(&mut self, old: u64) -> Option<(u64, u64)> {
+        self.writeback_upto(old, old.saturating_sub(LAG))
+    }
+
+    /// The range whose writeback should start now that a client's writes below `landed`
+    /// have all landed in the file of `size` bytes: from where the last one ended to
+    /// `landed` rounded down to a [`STEP`], if that is at least a step. Records it as
+    /// started.
+    pub(crate) fn writeback_upto(&mut self, size: u64, landed: u64) -> Option<(u64, u64)> {
         // Shrunk since (truncated and written again): start over from there.
-        self.written_back = self.written_back.min(old / STEP * STEP);
-        let to = old.saturating_sub(LAG) / STEP * STEP;
+        self.written_back = self.written_back.min(size / STEP * STEP);
+        let to = landed.min(size) / STEP * STEP;
         if to < self.written_back + STEP {
             return None;
         }
@@ -234,5 +242,24 @@ mod tests {
         assert_eq!(r.writeback_range(LAG + 2 * STEP), Some((STEP, 2 * STEP)));
         r.clear();
         assert_eq!(r.written_back, 0);
+    }
+
+    #[test]
+    fn writeback_follows_what_landed_within_the_file() {
+        let mut r = FileRegions::default();
+        assert_eq!(r.writeback_upto(100 * MIB, STEP - 1), None);
+        assert_eq!(r.writeback_upto(100 * MIB, STEP + MIB), Some((0, STEP)));
+        // Never past the file's end, and never twice.
+        assert_eq!(
+            r.writeback_upto(3 * STEP, 10 * STEP),
+            Some((STEP, 3 * STEP))
+        );
+        assert_eq!(r.writeback_upto(3 * STEP, 3 * STEP), None);
+        // The growth's rule and the landings' share where the last range ended.
+        assert_eq!(
+            r.writeback_range(LAG + 4 * STEP),
+            Some((3 * STEP, 4 * STEP))
+        );
+        assert_eq!(r.writeback_upto(LAG + 4 * STEP, 4 * STEP + MIB), None);
     }
 }

@@ -340,6 +340,14 @@ fn read_only_export_refuses_changes() {
     else {
         panic!()
     };
+    // Nothing to write back on a read-only export: the hint is taken and ignored.
+    assert_eq!(
+        f.call(Request::Landed {
+            fh: o.fh,
+            upto: 1 << 20
+        }),
+        Ok(Reply::Empty)
+    );
     let region = o.region.expect("a non-empty file has a region");
     assert!(!region.writable);
     assert!(region.len >= 6);
@@ -427,6 +435,18 @@ fn create_write_grow_readdir_rename() {
     assert_eq!(r2.len, 4 << 20);
     assert_ne!(r2.key, r.key);
     assert!(r2.generation > r.generation);
+    // Landed writes are a hint: taken for the open file, past its end too; a handle the
+    // server does not know is refused.
+    for upto in [0, 1 << 20, 3 << 20, u64::MAX] {
+        assert_eq!(f.call(Request::Landed { fh: o.fh, upto }), Ok(Reply::Empty));
+    }
+    assert_eq!(
+        f.call(Request::Landed {
+            fh: o.fh + 1000,
+            upto: 1 << 20
+        }),
+        Err(Errno::EBADF)
+    );
     // Shrinking keeps the registration (accesses past the end fail on their own).
     let set = SetAttr {
         size: Some(10),

@@ -7,7 +7,8 @@
 //! sends before writing the new range), the range it has had time to fill, all but the
 //! last [`LAG`] bytes before the old end, is handed to one thread that starts its writeback
 //! with `sync_file_range(SYNC_FILE_RANGE_WRITE)` (asynchronous, but it may block on a busy
-//! disk queue: hence a thread of its own, not the worker answering requests). A page that is
+//! disk queue: hence a thread of its own, not the worker answering requests). Clients also
+//! say how far their writes have landed (`Landed`), which moves the writeback up to there. A page that is
 //! still being written when its writeback starts is only written twice: the kernel marks it
 //! dirty again when the client's data lands. A job may first unmap the range's pages from
 //! the server (`FileRegion::unmap_pages`), so the writeback has no mapping to
