@@ -35,7 +35,7 @@ BRAID = os.path.join(ROOT, "target", "release", "braid")
 # Full sizes: SOR sized for about 20 s sequentially on this machine (2-core VM).
 FULL = {
     "sor": ["--n", "8192", "--iters", "200"],
-    "matmul": ["--n", "2560"],
+    "matmul": ["--n", "3840"],
     "mandel": ["--w", "2048", "--h", "2048", "--rows", "8", "--iters", "2000"],
 }
 SMALL = {
