@@ -414,11 +414,12 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
     let netns = matches!(env, Env::Netns(_));
     let shaped = netns && !opts.unshaped;
     // Loopback ports are shared with everything else on the machine: start from a pid-derived
-    // base to keep parallel runs apart. Namespaces are private.
+    // base to keep parallel runs apart, below the ephemeral range (32768 and up by default),
+    // where a connection's local port could take one first. Namespaces are private.
     let base = if netns {
         18514
     } else {
-        20000 + (std::process::id() % 20000) as u16
+        20000 + (std::process::id() % 10000) as u16
     };
     let mut runner = Runner {
         env: &env,

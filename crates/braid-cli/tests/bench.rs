@@ -10,10 +10,13 @@ use std::time::{Duration, Instant};
 const EXE: &str = env!("CARGO_BIN_EXE_braid");
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// Ports unique to this test process (tests run in parallel threads).
+/// Ports unique to this test process (tests run in parallel threads), all below the
+/// kernel's ephemeral range (32768 and up by default): a port of that range may be the local
+/// port of any connection on the machine when the server binds, and the server then fails
+/// with `EADDRINUSE` (`SO_REUSEADDR` does not help against a connected socket without it).
 fn port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let base = 20_000 + (std::process::id() % 2_000) as u16 * 16;
+    let base = 20_000 + (std::process::id() % 750) as u16 * 16;
     base + NEXT.fetch_add(1, Ordering::Relaxed) % 16
 }
 
@@ -52,9 +55,15 @@ fn bench(rails: usize, args: &[&str]) -> Run {
         .arg(listen.join(","))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn server");
+    let mut serr = server.stderr.take().expect("stderr");
+    let serr_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = serr.read_to_string(&mut s);
+        s
+    });
     let json_path: PathBuf =
         std::env::temp_dir().join(format!("braid-bench-test-{}-{p}.json", std::process::id()));
     let _ = std::fs::remove_file(&json_path);
@@ -89,6 +98,8 @@ fn bench(rails: usize, args: &[&str]) -> Run {
     if let Some(mut o) = server.stdout.take() {
         let _ = o.read_to_string(&mut server_out);
     }
+    // Its errors too (a port it could not bind, say).
+    server_out.push_str(&serr_t.join().unwrap());
     let client_out = out_t.join().unwrap();
     let client_err = err_t.join().unwrap();
     assert!(
