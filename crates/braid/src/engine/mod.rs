@@ -205,8 +205,7 @@ impl EndpointShared {
         let (data, ctrl) = {
             let s = self.session.lock();
             (0..self.rails.len()).fold((false, false), |(d, c), r| {
-                let data = d || s.wants_data_transmit(r);
-                (data, data || c || s.wants_transmit(r))
+                (d || s.wants_data_transmit(r), c || s.wants_ctrl_transmit(r))
             })
         };
         if data || (ctrl && (wait_for_readers || self.ctrl_held_long(now))) {

@@ -98,8 +98,14 @@ pub(super) fn response_frame(
 impl Session {
     /// True when [`Session::poll_transmit`] would return a frame for `rail`.
     pub fn wants_transmit(&self, rail: usize) -> bool {
+        self.wants_ctrl_transmit(rail) || self.wants_data_transmit(rail)
+    }
+
+    /// True when control frames (a `Done`, an acknowledgement, a notice) wait to go on
+    /// `rail`.
+    pub fn wants_ctrl_transmit(&self, rail: usize) -> bool {
         let r = &self.rails[rail];
-        (r.alive && !r.ctrl.is_empty()) || self.wants_data_transmit(rail)
+        r.alive && !r.ctrl.is_empty()
     }
 
     /// True when [`Session::poll_transmit`] would return a request, response or
