@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, SeekFrom, Timespec, Timestamps};
 
 use super::inode::{Inode, InodeTable, dev_from_wire, empty_path, open_beneath, os, resolve_flags};
+use super::jobs::JobThread;
 use super::region::FileRegions;
 use super::writeback::Writeback;
 use crate::proto::{
@@ -80,6 +81,22 @@ pub(crate) struct Export {
     process_umask: u32,
     /// Starts the writeback of what clients have written (before their commit).
     writeback: Writeback,
+    /// Faults in the pages of grown ranges, after `MapRegion` has been answered.
+    populate: JobThread,
+}
+
+/// Grows the file open as `fd` to `size` bytes (more than it has) by writing one zero byte
+/// at `size - 1`: the same file as `ftruncate(size)` gives (the new range reads as zeros;
+/// nobody can have written there, it lay past the end), but `ftruncate` takes the file's
+/// page-cache invalidation lock for writing, which waits for every page fault of the file
+/// in progress and holds up the ones after it: the faults that populate the previous grown
+/// range, and the engine's own while it places the bytes. Growing a file being written at
+/// the line rate happens every few MiB, so that lock stalled the transfer each time.
+fn grow(fd: impl AsFd, size: u64) -> Result<(), Errno> {
+    match rustix::io::pwrite(fd, &[0u8], size - 1)? {
+        1 => Ok(()),
+        _ => Err(Errno::EIO),
+    }
 }
 
 fn random_u64() -> u64 {
@@ -125,6 +142,10 @@ impl Export {
             as_root: rustix::process::geteuid().is_root(),
             process_umask: old.as_raw_mode(),
             writeback: Writeback::start(),
+            populate: JobThread::start(
+                "fs-populate",
+                "grown ranges are faulted in before MapRegion is answered",
+            ),
         })
     }
 
@@ -609,12 +630,20 @@ impl Export {
                     Errno::EBADF
                 });
             }
-            rustix::fs::ftruncate(&f.fd, min_size)?;
+            grow(&f.fd, min_size)?;
             let old = attr.size;
             attr = f.inode.attr()?;
             let region = r.ensure(&self.ctx, &f.fd, attr.size, true)?;
-            // The client grows a file just before writing the new range.
-            r.populate(old, attr.size);
+            // The client grows a file just before writing the new range: its pages are
+            // faulted in on a thread of their own while the reply travels and the first
+            // bytes arrive (page by page faster than the wire fills them), not before the
+            // reply: the client's writes queue behind the growth, and a synchronous
+            // populate of each batch (1 ms per MiB here) left the rails idle meanwhile.
+            if let Some(job) = r.populate_job(old, attr.size)
+                && let Err(job) = self.populate.submit(job)
+            {
+                job();
+            }
             // ... and has had time to fill what lies well before the old end.
             let range = r.writeback_range(old);
             self.start_writeback(f, &r, range);

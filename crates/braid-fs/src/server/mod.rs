@@ -18,6 +18,7 @@
 mod conn;
 mod export;
 mod inode;
+mod jobs;
 mod region;
 mod writeback;
 

@@ -5,8 +5,9 @@
 //! (and reaches the disk on `fsync`). One registration per file and access kind is shared
 //! by every client that has the file open; it ends when the last handle is released.
 //!
-//! A registration covers a capacity of at least the file's size (a power of two), so a file
-//! can grow through `MapRegion` (an `ftruncate`) without a new registration each time; a
+//! A registration covers a capacity of at least the file's size (a power of two; 16 times
+//! that if writable), so a file can grow through `MapRegion` without a new registration
+//! each time; a
 //! file that outgrows it gets a larger one (a new key and generation, which `MapRegion`
 //! returns). braid checks every remote access against the file's size when it executes:
 //! bytes past the end (a file truncated by anyone, on this host or through the service) are
@@ -17,6 +18,7 @@ use std::sync::Arc;
 
 use braid::{Access, Context, Region};
 
+use super::jobs::Job;
 use super::writeback::{LAG, STEP};
 use crate::proto::{Errno, RegionInfo};
 
@@ -94,8 +96,19 @@ impl FileRegion {
     }
 }
 
+/// Bytes faulted in per system call when populating a grown range (about 1 ms here).
+const POPULATE_PIECE: usize = 1 << 20;
+
 /// Smallest registration: a new file's first writes need no new registration.
 const MIN_CAPACITY: u64 = 1 << 20;
+
+/// A writable registration covers this many times the file's size: the part past the end
+/// of the file is address space only (never touched: braid checks each access against the
+/// file's size), and a file being written grows into it without new registrations. Each
+/// new registration of a file written at the line rate cost a dip of about 100 ms at a
+/// third below the rate (1 GiB over 4 x 1 Gbit/s: 422-454 MB/s with the doubling at
+/// every power of two, 473-474 with one registration; docs/FS-BENCH.md).
+const WRITABLE_HEADROOM: u64 = 16;
 
 /// The registrations of one file, shared by all its open handles on this server.
 #[derive(Default)]
@@ -114,8 +127,9 @@ pub(crate) struct FileRegions {
 
 impl FileRegions {
     /// The registration for a handle of kind `writable` covering at least `size` bytes,
-    /// registering a larger one (the next power of two, at least 1 MiB) when the newest is
-    /// too small; `None` for an empty file.
+    /// registering a larger one (the next power of two, at least 1 MiB, times
+    /// [`WRITABLE_HEADROOM`] if writable) when the newest is too small; `None` for an empty
+    /// file.
     pub(crate) fn ensure(
         &mut self,
         ctx: &Context,
@@ -140,21 +154,28 @@ impl FileRegions {
             .max(MIN_CAPACITY)
             .checked_next_power_of_two()
             .ok_or(Errno::EFBIG)?;
+        let roomy = capacity
+            .checked_mul(WRITABLE_HEADROOM)
+            .filter(|_| writable)
+            .unwrap_or(capacity);
         self.generation += 1;
-        let r = FileRegion::register(ctx, fd.as_fd(), capacity, writable, self.generation)?;
+        let r = FileRegion::register(ctx, fd.as_fd(), roomy, writable, self.generation)
+            // Address space or `max_registered_bytes` short: the file's size then.
+            .or_else(|_| {
+                FileRegion::register(ctx, fd.as_fd(), capacity, writable, self.generation)
+            })?;
         let info = r.info;
         regs.push(Arc::new(r));
         Ok(Some(info))
     }
 
-    /// Faults in `[from, to)` of the newest writable registration, writable, so that
-    /// clients' one-sided writes there find their pages: page allocation and the file
-    /// system's `page_mkwrite` then run on this (worker) thread, beside the engine that
-    /// places the data, instead of inside its socket reads. Best effort.
-    pub(crate) fn populate(&self, from: u64, to: u64) {
-        let Some(r) = self.read_write.last() else {
-            return;
-        };
+    /// A job that faults in `[from, to)` of the newest writable registration, writable, so
+    /// that clients' one-sided writes there find their pages: page allocation, zeroing and
+    /// the file system's `page_mkwrite` then run on a thread of the server's, beside the
+    /// engine that places the data, instead of inside its socket reads. Best effort; `None`
+    /// if there is nothing to fault in.
+    pub(crate) fn populate_job(&self, from: u64, to: u64) -> Option<Job> {
+        let r = self.read_write.last()?.clone();
         let page = rustix::param::page_size() as u64;
         let start = from / page * page;
         let end = to
@@ -162,22 +183,33 @@ impl FileRegions {
             .next_multiple_of(page)
             .min(r.info.len.next_multiple_of(page));
         if end <= start {
-            return;
+            return None;
         }
-        // SAFETY: [start, end) lies inside the registration's mapping (end is capped at its
-        // page-rounded length). MADV_POPULATE_WRITE is a system call: pages a truncation
-        // removed make it fail (EFAULT), not fault this thread; nothing is read or written
-        // from user space.
-        let res = unsafe {
-            rustix::mm::madvise(
-                r.region.as_mut_ptr().add(start as usize).cast(),
-                (end - start) as usize,
-                rustix::mm::Advice::LinuxPopulateWrite,
-            )
-        };
-        if let Err(e) = res {
-            tracing::debug!("populating file pages {start}..{end}: {e}");
-        }
+        Some(Box::new(move || {
+            // In pieces: MADV_POPULATE_WRITE holds the process's mmap lock for reading
+            // while it faults a piece in, and a registration of a larger range (an `mmap`,
+            // which takes that lock for writing, on a worker that a client's `MapRegion`
+            // waits for) would wait for the whole range.
+            for from in (start..end).step_by(POPULATE_PIECE) {
+                let len = (end - from).min(POPULATE_PIECE as u64);
+                // SAFETY: [from, from + len) lies inside the registration's mapping (end is
+                // capped at its page-rounded length), which `r` keeps alive.
+                // MADV_POPULATE_WRITE is a system call: pages a truncation removed make it
+                // fail (EFAULT), not fault this thread; nothing is read or written from
+                // user space.
+                let res = unsafe {
+                    rustix::mm::madvise(
+                        r.region.as_mut_ptr().add(from as usize).cast(),
+                        len as usize,
+                        rustix::mm::Advice::LinuxPopulateWrite,
+                    )
+                };
+                if let Err(e) = res {
+                    tracing::debug!("populating file pages {from}..{}: {e}", from + len);
+                    return;
+                }
+            }
+        }))
     }
 
     /// The writable registrations (clients' writes land through their mappings).

@@ -420,19 +420,31 @@ fn create_write_grow_readdir_rename() {
     assert_eq!(m.attr.size, 1 << 20);
     let r = m.region.unwrap();
     assert!(r.writable);
-    assert_eq!(r.len, 1 << 20);
+    // A writable registration leaves room to grow into (address space only).
+    assert_eq!(r.len, 16 << 20);
+    let Reply::Mapped(within) = f
+        .call(Request::MapRegion {
+            fh: o.fh,
+            min_size: 16 << 20,
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(within.attr.size, 16 << 20);
+    assert_eq!(within.region, Some(r));
     // Growing past the registration registers a larger one; the old key stays valid.
     let Reply::Mapped(m2) = f
         .call(Request::MapRegion {
             fh: o.fh,
-            min_size: 3 << 20,
+            min_size: (16 << 20) + 1,
         })
         .unwrap()
     else {
         panic!()
     };
     let r2 = m2.region.unwrap();
-    assert_eq!(r2.len, 4 << 20);
+    assert_eq!(r2.len, 512 << 20);
     assert_ne!(r2.key, r.key);
     assert!(r2.generation > r.generation);
     // Landed writes are a hint: taken for the open file, past its end too; a handle the

@@ -15,11 +15,9 @@
 //! write-protect page by page. Best effort throughout: the `fsync` of a commit is what
 //! makes data durable.
 
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::mpsc::{Receiver, Sender, channel};
-use std::thread::JoinHandle;
+use std::os::fd::{AsFd, AsRawFd};
 
-use parking_lot::Mutex;
+use super::jobs::JobThread;
 
 /// Bytes before the end of the file left for the final commit: the client may still be
 /// writing there (the mount has up to 64 MiB in flight, the library 16 MiB per transfer).
@@ -31,40 +29,17 @@ pub(crate) const LAG: u64 = 64 << 20;
 /// Smallest range worth a system call.
 pub(crate) const STEP: u64 = 8 << 20;
 
-struct Job {
-    fd: OwnedFd,
-    /// Runs first (the unmapping of the range).
-    before: Box<dyn FnOnce() + Send>,
-    from: u64,
-    to: u64,
-}
-
 /// The writeback thread; dropping this ends it.
 pub(crate) struct Writeback {
-    tx: Mutex<Option<Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: JobThread,
 }
 
 impl Writeback {
-    /// Starts the thread (`None` and a warning if it cannot be started: writes then reach
-    /// the disk at commit only).
+    /// Starts the thread (a warning if it cannot be started: writes then reach the disk at
+    /// commit only).
     pub(crate) fn start() -> Writeback {
-        let (tx, rx) = channel();
-        let thread = std::thread::Builder::new()
-            .name("fs-writeback".into())
-            .spawn(move || run(rx));
-        let (tx, thread) = match thread {
-            Ok(t) => (Some(tx), Some(t)),
-            Err(e) => {
-                tracing::warn!(
-                    "starting the writeback thread: {e}; writes reach the disk at commit"
-                );
-                (None, None)
-            }
-        };
         Writeback {
-            tx: Mutex::new(tx),
-            thread: Mutex::new(thread),
+            thread: JobThread::start("fs-writeback", "writes reach the disk at commit"),
         }
     }
 
@@ -80,52 +55,29 @@ impl Writeback {
         if to <= from {
             return;
         }
-        let Some(tx) = self.tx.lock().clone() else {
-            return;
+        let fd = match fd.as_fd().try_clone_to_owned() {
+            Ok(fd) => fd,
+            Err(e) => return tracing::debug!("duplicating a descriptor for writeback: {e}"),
         };
-        match fd.as_fd().try_clone_to_owned() {
-            Ok(fd) => {
-                let _ = tx.send(Job {
-                    fd,
-                    before,
-                    from,
-                    to,
-                });
+        let job = move || {
+            before();
+            // SAFETY: sync_file_range only reads its arguments; the descriptor is open.
+            let r = unsafe {
+                libc::sync_file_range(
+                    fd.as_raw_fd(),
+                    from as libc::off64_t,
+                    (to - from) as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                )
+            };
+            if r != 0 {
+                tracing::debug!(
+                    "starting writeback of {from}..{to}: {}",
+                    std::io::Error::last_os_error()
+                );
             }
-            Err(e) => tracing::debug!("duplicating a descriptor for writeback: {e}"),
-        }
-    }
-}
-
-impl Drop for Writeback {
-    fn drop(&mut self) {
-        self.tx.lock().take();
-        if let Some(t) = self.thread.lock().take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn run(rx: Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
-        (job.before)();
-        let len = job.to - job.from;
-        // SAFETY: sync_file_range only reads its arguments; the descriptor is open.
-        let r = unsafe {
-            libc::sync_file_range(
-                std::os::fd::AsRawFd::as_raw_fd(&job.fd),
-                job.from as libc::off64_t,
-                len as libc::off64_t,
-                libc::SYNC_FILE_RANGE_WRITE,
-            )
         };
-        if r != 0 {
-            tracing::debug!(
-                "starting writeback of {}..{}: {}",
-                job.from,
-                job.to,
-                std::io::Error::last_os_error()
-            );
-        }
+        // Not running: the commit's fsync writes it.
+        let _ = self.thread.submit(Box::new(job));
     }
 }
