@@ -125,6 +125,14 @@ impl LibClient {
         })
     }
 
+    /// Removes `name` from the export's root through the service.
+    pub fn remove(&self, name: &str) -> Result<()> {
+        let root = self.client.root().node;
+        self.client
+            .unlink(root, name.as_bytes())
+            .map_err(|e| anyhow::anyhow!("unlink {name}: {e}"))
+    }
+
     /// Creates `name`, writes `size` bytes with `write_at` from one region, then `sync_all`
     /// (the server's `fsync`); `server_view` is the file on the server, checked afterwards.
     pub fn seq_write(&self, name: &str, server_view: &Path, size: u64) -> Result<Measured> {

@@ -430,6 +430,21 @@ fn run_net(ctx: &Ctx, tb: &Testbed, net: &str, tmp: &Path, out: &mut Vec<Row>) -
 }
 
 /// Runs one workload on one target and makes its row (an error becomes the row's `error`).
+/// Removes a written file through the system under test (the mount), as its user would,
+/// then on the server if it is still there. Removed only on the server, behind the
+/// client's back, a file stays open on the server for as long as the client's kernel
+/// remembers its inode (a FUSE server serves an inode by an open descriptor until the
+/// kernel forgets it; sshfs's and braid's alike), and with it its 1 GiB of page cache: the
+/// next round's writes then take fresh memory, which on the test VM costs several times
+/// more to touch the first time (docs/FS-BENCH.md: braid's mount wrote 336-391 MB/s in
+/// runs after such removals, 452-473 after removals through the mount).
+fn remove_written(through_system: &Path, server_view: &Path) {
+    if let Err(e) = std::fs::remove_file(through_system) {
+        tracing::debug!("removing {}: {e}", through_system.display());
+    }
+    let _ = std::fs::remove_file(server_view);
+}
+
 fn run_one(ctx: &Ctx, t: &Target, test: TestKind, net: &str, round: u32, tb: &Testbed) -> Row {
     let mut row = Row {
         net: net.into(),
@@ -520,6 +535,10 @@ fn measure(ctx: &Ctx, t: &Target, test: TestKind, row: &mut Row) -> Result<Measu
                 let c0 = Cpu::now(t);
                 let r = lib.seq_write(&name, &server_view, size);
                 let c1 = Cpu::now(t);
+                // Through the service, as its user would: see `remove_written`.
+                if let Err(e) = lib.remove(&name) {
+                    tracing::debug!("removing {name} through the library: {e}");
+                }
                 let _ = std::fs::remove_file(&server_view);
                 (r?, c0, c1)
             }
@@ -554,7 +573,7 @@ fn measure(ctx: &Ctx, t: &Target, test: TestKind, row: &mut Row) -> Result<Measu
             let c0 = Cpu::now(t);
             let r = workload::seq_write(&t.dir.join(&name), &server_view, size, ctx.limit);
             let c1 = Cpu::now(t);
-            let _ = std::fs::remove_file(&server_view);
+            remove_written(&t.dir.join(&name), &server_view);
             (r?, c0, c1)
         }
         TestKind::Metadata => {
