@@ -5,9 +5,9 @@
 //! (and reaches the disk on `fsync`). One registration per file and access kind is shared
 //! by every client that has the file open; it ends when the last handle is released.
 //!
-//! A registration covers a capacity of at least the file's size (a power of two; 16 times
-//! that if writable), so a file can grow through `MapRegion` without a new registration
-//! each time; a
+//! A registration covers a capacity of at least the file's size (a power of two; if
+//! writable, 16 times that and at least 4 GiB), so a file can grow through `MapRegion`
+//! without a new registration each time; a
 //! file that outgrows it gets a larger one (a new key and generation, which `MapRegion`
 //! returns). braid checks every remote access against the file's size when it executes:
 //! bytes past the end (a file truncated by anyone, on this host or through the service) are
@@ -105,10 +105,15 @@ const MIN_CAPACITY: u64 = 1 << 20;
 /// A writable registration covers this many times the file's size: the part past the end
 /// of the file is address space only (never touched: braid checks each access against the
 /// file's size), and a file being written grows into it without new registrations. Each
-/// new registration of a file written at the line rate cost a dip of about 100 ms at a
-/// third below the rate (1 GiB over 4 x 1 Gbit/s: 422-454 MB/s with the doubling at
+/// new registration of a file written at the line rate cost a dip of 100-400 ms at a third
+/// to a half below the rate (1 GiB over 4 x 1 Gbit/s: 422-454 MB/s with the doubling at
 /// every power of two, 473-474 with one registration; docs/FS-BENCH.md).
 const WRITABLE_HEADROOM: u64 = 16;
+
+/// Smallest writable registration, for the same reason: a file being written grows to a
+/// few GiB with no new registration at all (with the headroom alone, a 1 GiB file still
+/// had one, at 512 MiB, and its dip).
+const MIN_WRITABLE_CAPACITY: u64 = 4 << 30;
 
 /// The registrations of one file, shared by all its open handles on this server.
 #[derive(Default)]
@@ -127,9 +132,9 @@ pub(crate) struct FileRegions {
 
 impl FileRegions {
     /// The registration for a handle of kind `writable` covering at least `size` bytes,
-    /// registering a larger one (the next power of two, at least 1 MiB, times
-    /// [`WRITABLE_HEADROOM`] if writable) when the newest is too small; `None` for an empty
-    /// file.
+    /// registering a larger one (the next power of two, at least 1 MiB; if writable, times
+    /// [`WRITABLE_HEADROOM`] and at least [`MIN_WRITABLE_CAPACITY`]) when the newest is too
+    /// small; `None` for an empty file.
     pub(crate) fn ensure(
         &mut self,
         ctx: &Context,
@@ -156,6 +161,7 @@ impl FileRegions {
             .ok_or(Errno::EFBIG)?;
         let roomy = capacity
             .checked_mul(WRITABLE_HEADROOM)
+            .map(|c| c.max(MIN_WRITABLE_CAPACITY))
             .filter(|_| writable)
             .unwrap_or(capacity);
         self.generation += 1;

@@ -421,7 +421,7 @@ fn create_write_grow_readdir_rename() {
     let r = m.region.unwrap();
     assert!(r.writable);
     // A writable registration leaves room to grow into (address space only).
-    assert_eq!(r.len, 16 << 20);
+    assert_eq!(r.len, 4 << 30);
     let Reply::Mapped(within) = f
         .call(Request::MapRegion {
             fh: o.fh,
@@ -437,14 +437,14 @@ fn create_write_grow_readdir_rename() {
     let Reply::Mapped(m2) = f
         .call(Request::MapRegion {
             fh: o.fh,
-            min_size: (16 << 20) + 1,
+            min_size: (4 << 30) + 1,
         })
         .unwrap()
     else {
         panic!()
     };
     let r2 = m2.region.unwrap();
-    assert_eq!(r2.len, 512 << 20);
+    assert_eq!(r2.len, 128 << 30);
     assert_ne!(r2.key, r.key);
     assert!(r2.generation > r.generation);
     // Landed writes are a hint: taken for the open file, past its end too; a handle the
