@@ -429,7 +429,6 @@ fn run_net(ctx: &Ctx, tb: &Testbed, net: &str, tmp: &Path, out: &mut Vec<Row>) -
     Ok(())
 }
 
-/// Runs one workload on one target and makes its row (an error becomes the row's `error`).
 /// Removes a written file through the system under test (the mount), as its user would,
 /// then on the server if it is still there. Removed only on the server, behind the
 /// client's back, a file stays open on the server for as long as the client's kernel
@@ -445,6 +444,7 @@ fn remove_written(through_system: &Path, server_view: &Path) {
     let _ = std::fs::remove_file(server_view);
 }
 
+/// Runs one workload on one target and makes its row (an error becomes the row's `error`).
 fn run_one(ctx: &Ctx, t: &Target, test: TestKind, net: &str, round: u32, tb: &Testbed) -> Row {
     let mut row = Row {
         net: net.into(),

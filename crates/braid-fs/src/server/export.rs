@@ -463,6 +463,9 @@ impl Export {
                 if !f.writable {
                     return Err(Errno::EBADF);
                 }
+                // Serialised with `MapRegion`'s growth of the file, which decides from the
+                // size it reads whether (and where) to write its byte.
+                let _growth = f.inode.regions.lock();
                 let mut done = 0;
                 while done < data.len() {
                     let n = rustix::io::pwrite(&f.fd, &data[done..], offset + done as u64)?;

@@ -7,11 +7,11 @@
 //!
 //! A registration covers a capacity of at least the file's size (a power of two; if
 //! writable, 16 times that and at least 4 GiB), so a file can grow through `MapRegion`
-//! without a new registration each time; a
-//! file that outgrows it gets a larger one (a new key and generation, which `MapRegion`
-//! returns). braid checks every remote access against the file's size when it executes:
-//! bytes past the end (a file truncated by anyone, on this host or through the service) are
-//! a remote access error at the client, never a `SIGBUS` in the server.
+//! without a new registration each time; a file that outgrows it gets a larger one (a new
+//! key and generation, which `MapRegion` returns). braid checks every remote access
+//! against the file's size when it executes: bytes past the end (a file truncated by
+//! anyone, on this host or through the service) are a remote access error at the client,
+//! never a `SIGBUS` in the server.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
