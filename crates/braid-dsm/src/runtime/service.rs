@@ -188,14 +188,14 @@ impl Service {
         self.faults
             .read(buf, faults)
             .map_err(|e| DsmError::Os("reading the userfaultfd".into(), e))?;
-        for f in faults.iter() {
-            active = true;
-            self.fault(*f)?;
-        }
+        active |= !faults.is_empty() || !confirms.is_empty();
+        // Every fault and request read here is handled even after one fails (see
+        // `each_of`): a fault dropped here would never be answered.
+        let faulted = each_of(faults.iter(), |f| self.fault(*f));
         for (to, msg) in confirms {
-            active = true;
             self.tx.send(to, &msg)?;
         }
+        faulted?;
         let reqs = {
             let mut q = self.shared.requests.lock();
             if q.is_empty() {
@@ -204,10 +204,8 @@ impl Service {
                 std::mem::take(&mut *q)
             }
         };
-        for r in reqs {
-            active = true;
-            self.request(r)?;
-        }
+        active |= !reqs.is_empty();
+        each_of(reqs, |r| self.request(r))?;
         for _ in 0..64 {
             let Some(c) = self.cq.poll() else { break };
             active = true;
@@ -571,5 +569,51 @@ impl Service {
             }),
         }
         Ok(())
+    }
+}
+
+/// Runs `run` on every item, in order, even after one fails, and returns the first error.
+/// The service thread takes faults and requests in batches: after an error (the group then
+/// fails) the rest of a batch must still be seen: a `Stop` behind a failed `Send` to a dead
+/// rank was lost that way, and the runtime's drop waited for this thread for ever (the
+/// `dead_rank` test, once in a CI run); a fault left out would never be answered.
+fn each_of<T, E>(
+    items: impl IntoIterator<Item = T>,
+    mut run: impl FnMut(T) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut first = Ok(());
+    for item in items {
+        let r = run(item);
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_behind_a_failed_request_is_still_seen() {
+        let reqs = vec![
+            Request::LockWait { lock: 1, ticket: 0 },
+            Request::LockHandoff { lock: 1, ticket: 1 },
+            Request::Stop,
+        ];
+        let mut seen = Vec::new();
+        let r = each_of(reqs, |r| {
+            seen.push(format!("{r:?}"));
+            match r {
+                Request::LockWait { .. } => Err("rank 1 is gone"),
+                Request::LockHandoff { .. } => Err("second error"),
+                _ => Ok(()),
+            }
+        });
+        assert_eq!(r, Err("rank 1 is gone"), "the first error is returned");
+        assert_eq!(seen.len(), 3);
+        assert_eq!(seen[2], "Stop");
+        assert_eq!(each_of(Vec::<u8>::new(), |_| Err(())), Ok(()));
     }
 }
