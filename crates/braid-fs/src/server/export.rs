@@ -99,6 +99,9 @@ fn grow(fd: impl AsFd, size: u64) -> Result<(), Errno> {
     }
 }
 
+/// Longest a growth waits for the ranges grown before it to be faulted in.
+const POPULATE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
@@ -623,6 +626,16 @@ impl Export {
     }
 
     fn map_region(&self, f: &OpenFile, min_size: u64) -> Result<Mapped, Errno> {
+        // Back-pressure: a growth is answered once the ranges grown before it are faulted
+        // in. The populate thread normally runs well ahead of the wire, so this costs
+        // nothing; when the kernel throttles it (dirty pages beyond its limits, a disk
+        // slower than the rails) the clients' writes wait here, instead of the engine
+        // faulting pages in itself and being throttled in its socket reads, which
+        // stopped the rails' acknowledgements long enough for the peer to give rails
+        // up (a 5 GiB write; docs/FS-BENCH.md).
+        if !self.populate.wait_idle(POPULATE_WAIT) {
+            tracing::debug!("populating grown ranges takes over {POPULATE_WAIT:?}");
+        }
         let mut r = f.inode.regions.lock();
         let mut attr = f.inode.attr()?;
         if min_size > attr.size {
