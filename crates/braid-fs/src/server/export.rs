@@ -626,14 +626,14 @@ impl Export {
     }
 
     fn map_region(&self, f: &OpenFile, min_size: u64) -> Result<Mapped, Errno> {
-        // Back-pressure: a growth is answered once the ranges grown before it are faulted
-        // in. The populate thread normally runs well ahead of the wire, so this costs
-        // nothing; when the kernel throttles it (dirty pages beyond its limits, a disk
-        // slower than the rails) the clients' writes wait here, instead of the engine
-        // faulting pages in itself and being throttled in its socket reads, which
-        // stopped the rails' acknowledgements long enough for the peer to give rails
-        // up (a 5 GiB write; docs/FS-BENCH.md).
-        if !self.populate.wait_idle(POPULATE_WAIT) {
+        // Back-pressure: a growth (not a refresh) is answered once the ranges grown before
+        // it are faulted in. The populate thread normally runs well ahead of the wire, so
+        // this costs nothing; when the kernel throttles it (dirty pages beyond its limits,
+        // a disk slower than the rails) the clients' writes wait here, instead of the
+        // engine faulting pages in itself and being throttled in its socket reads, which
+        // stopped the rails' acknowledgements long enough for the peer to give rails up
+        // (a 5 GiB write; docs/FS-BENCH.md).
+        if min_size > f.inode.attr()?.size && !self.populate.wait_idle(POPULATE_WAIT) {
             tracing::debug!("populating grown ranges takes over {POPULATE_WAIT:?}");
         }
         let mut r = f.inode.regions.lock();

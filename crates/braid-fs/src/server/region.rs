@@ -184,10 +184,7 @@ impl FileRegions {
         let r = self.read_write.last()?.clone();
         let page = rustix::param::page_size() as u64;
         let start = from / page * page;
-        let end = to
-            .min(r.info.len)
-            .next_multiple_of(page)
-            .min(r.info.len.next_multiple_of(page));
+        let end = to.min(r.info.len).next_multiple_of(page);
         if end <= start {
             return None;
         }
