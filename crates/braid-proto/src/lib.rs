@@ -23,6 +23,6 @@ pub mod wire;
 pub use error::{Completion, CompletionKind, Error, Status};
 pub use mem::{Access, Region, RegionOptions, Registry, RemoteKey, RemoteSge, Sge};
 pub use proto::{
-    Placement, PostError, ProtocolError, Request, RxAction, Session, SessionConfig, Transmit, rate,
-    session,
+    HedgeStats, Placement, PostError, ProtocolError, Request, RxAction, Session, SessionConfig,
+    Transmit, rate, session,
 };

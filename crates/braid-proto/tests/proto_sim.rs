@@ -2206,6 +2206,8 @@ fn staged_imm_write_completes_on_post_recv() {
         3,
         SessionConfig {
             chunk_size: 64 << 10,
+            // Each write one frame: a window of unknown rate cut in quarters holds 10,000 B.
+            initial_window: 1 << 20,
             ..SessionConfig::default()
         },
     );
@@ -2365,7 +2367,7 @@ fn any_pieces(rng: &mut Rng, len: usize, lo: usize) -> Vec<(usize, usize)> {
 }
 
 /// Returns how many write chunks were placed ahead of their turn (relaxed placement).
-fn mixed_case(seed: u64) -> u64 {
+fn mixed_case(seed: u64) -> MixedCounts {
     let mut rng = rng(seed ^ 0xABCD_0000);
     let overlap_ok = std::env::var_os("BRAID_SIM_OVERLAP").is_some();
     let no_failover = std::env::var_os("BRAID_SIM_NO_FAILOVER").is_some();
@@ -2388,6 +2390,15 @@ fn mixed_case(seed: u64) -> u64 {
     // Relaxed placement must not change anything the model can observe.
     cfg_a.relaxed_placement = rng.chance(0.5);
     cfg_b.relaxed_placement = rng.chance(0.5);
+    // Half of the cases tick the sessions and hedge rails slow to acknowledge, soon (the
+    // late originals then race their copies); most of those with one rail far slower.
+    let hedging = rails > 1 && rng.chance(0.5);
+    if hedging {
+        for c in [&mut cfg_a, &mut cfg_b] {
+            c.rail_hedge_after = Duration::from_micros(rng.range(100, 5000));
+            c.peer_timeout = Duration::from_secs(3600);
+        }
+    }
     let cfgs = [
         SessionConfig {
             max_outstanding,
@@ -2395,15 +2406,22 @@ fn mixed_case(seed: u64) -> u64 {
         },
         cfg_b,
     ];
-    let rates: Vec<Option<f64>> = if rng.chance(0.3) {
+    let mut rates: Vec<Option<f64>> = if rng.chance(0.3) {
         (0..rails)
             .map(|_| Some(rng.range(20, 2000) as f64))
             .collect()
     } else {
         vec![None; rails]
     };
+    if hedging && rng.chance(0.7) {
+        // 0.1 to 1 byte per microsecond: 100 KB/s to 1 MB/s.
+        rates[rng.urange(0, rails - 1)] = Some(rng.range(1, 10) as f64 / 10.0);
+    }
     let latency = Duration::from_micros(rng.range(0, 100));
     let mut sim = Sim::with(seed, rates, latency, cfgs[0].clone(), cfgs[1].clone());
+    if hedging {
+        sim.opts.tick_every = Some(Duration::from_micros(rng.range(20, 500)));
+    }
     sim.opts.short_reads = rng.chance(0.8);
     sim.opts.max_read = rng.log_range(1, 1 << 20) as usize;
     sim.opts.max_step = Duration::from_micros(rng.range(1, 100));
@@ -2889,6 +2907,9 @@ fn mixed_case(seed: u64) -> u64 {
             );
         }
     }
+    // Every operation has completed; what is still on the wire (late originals of hedged
+    // frames, say) arrives now. Keepalives of further ticks would never let it go quiet.
+    sim.opts.tick_every = None;
     sim.run_idle(1_000_000);
     sim.assert_no_errors();
     for (s, p) in parties.iter().enumerate() {
@@ -2905,21 +2926,52 @@ fn mixed_case(seed: u64) -> u64 {
         );
         assert_eq!(sim.sides[s].session.outstanding(), 0);
     }
-    sim.sides.iter().map(|x| x.session.early_chunks()).sum()
+    let hedged = sim.sides.iter().map(|x| x.session.hedge_stats());
+    MixedCounts {
+        early: sim.sides.iter().map(|x| x.session.early_chunks()).sum(),
+        hedges: hedged.clone().map(|h| h.hedges).sum(),
+        duplicates: hedged.map(|h| h.duplicates_dropped).sum(),
+    }
+}
+
+/// What a mixed case exercised: writes placed early, rails hedged, and copies (or late
+/// originals) dropped as duplicates.
+#[derive(Default)]
+struct MixedCounts {
+    early: u64,
+    hedges: u64,
+    duplicates: u64,
 }
 
 /// 1000 seeds take about 13 s in release mode on a 2-core machine (the whole file about 15 s).
 #[test]
 fn many_seeds_mixed_operations() {
-    let mut early = 0;
+    let mut sum = MixedCounts::default();
     let all = seeds(1000);
     for &seed in &all {
-        early += mixed_case(seed);
+        let c = mixed_case(seed);
+        sum.early += c.early;
+        sum.hedges += c.hedges;
+        sum.duplicates += c.duplicates;
     }
     // Half the sides use relaxed placement: some of their writes must have gone early.
     assert!(
-        all.len() < 100 || early > 0,
+        all.len() < 100 || sum.early > 0,
         "no write was ever placed ahead of its turn"
+    );
+    // Half the cases hedge slow rails: copies and late originals must have raced.
+    assert!(
+        all.len() < 100 || (sum.hedges > 0 && sum.duplicates > 0),
+        "hedging never exercised: {} hedges, {} duplicates dropped",
+        sum.hedges,
+        sum.duplicates
+    );
+    eprintln!(
+        "{} seeds: {} early chunks, {} hedges, {} duplicates dropped",
+        all.len(),
+        sum.early,
+        sum.hedges,
+        sum.duplicates
     );
 }
 

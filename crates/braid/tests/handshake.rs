@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use braid::{Context, EndpointOptions, Error, RailAddr};
-use braid_proto::wire::handshake::{HANDSHAKE_LEN, Hello, HelloReply};
+use braid_proto::wire::handshake::{HANDSHAKE_LEN, HANDSHAKE_VERSION, Hello, HelloReply};
 use braid_proto::wire::{HandshakeError, HandshakeStatus};
 use common::WAIT;
 
@@ -133,7 +133,7 @@ fn server_refuses_foreign_version_and_garbage_then_still_accepts() {
     let r = HelloReply::decode(&b).unwrap();
     assert_eq!(
         (r.status, r.version),
-        (HandshakeStatus::VersionUnsupported, 2)
+        (HandshakeStatus::VersionUnsupported, HANDSHAKE_VERSION)
     );
     assert_eq!(s.read(&mut b).unwrap(), 0, "closed after the refusal");
 

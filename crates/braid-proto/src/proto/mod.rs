@@ -6,5 +6,6 @@ pub mod session;
 pub(crate) mod spans;
 
 pub use session::{
-    Placement, PostError, ProtocolError, Request, RxAction, Session, SessionConfig, Transmit,
+    HedgeStats, Placement, PostError, ProtocolError, Request, RxAction, Session, SessionConfig,
+    Transmit,
 };

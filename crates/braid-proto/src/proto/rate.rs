@@ -43,6 +43,15 @@ impl RateEstimator {
         self.epoch_busy = busy;
     }
 
+    /// Replaces the estimate with `rate` (bytes per second) measured elsewhere over a long
+    /// busy period, and starts a new sample.
+    pub fn reset_to(&mut self, rate: f64) {
+        *self = RateEstimator {
+            rate,
+            ..RateEstimator::default()
+        };
+    }
+
     /// The estimate in bytes per second; 0 while unknown.
     pub fn rate(&self) -> f64 {
         self.rate

@@ -9,7 +9,7 @@ use thiserror::Error;
 use super::layout::{get_array, get_u16, get_u32, get_u64, put};
 
 /// Protocol version carried in every frame header and in the rail handshake.
-pub const PROTOCOL_VERSION: u8 = 2;
+pub const PROTOCOL_VERSION: u8 = 3;
 
 /// Size of the fixed frame header in bytes.
 pub const HEADER_LEN: usize = 64;
@@ -132,9 +132,13 @@ pub const FLAG_EARLY: u16 = 1 << 3;
 /// status follows in a `Done`; complete only with it"; on that `Done`, "every response
 /// byte has been sent; complete once they are placed".
 pub const FLAG_TRAILER: u16 = 1 << 4;
+/// Header flag with [`FLAG_RETX`]: a hedge. The sender still uses the original rail, which
+/// was slow to deliver, and sent the frame again elsewhere; the receiver executes whichever
+/// copy comes first and drops the other (the original included), without giving the rail up.
+pub const FLAG_HEDGE: u16 = 1 << 5;
 /// All flags this version defines; any other bit set is malformed.
 pub const KNOWN_FLAGS: u16 =
-    FLAG_IMM | FLAG_RETX | FLAG_ACK_REQ | FLAG_EARLY | FLAG_TRAILER | RETX_RAIL_MASK;
+    FLAG_IMM | FLAG_RETX | FLAG_ACK_REQ | FLAG_EARLY | FLAG_TRAILER | FLAG_HEDGE | RETX_RAIL_MASK;
 
 /// A decoded, validated frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

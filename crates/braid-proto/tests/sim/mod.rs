@@ -384,6 +384,10 @@ pub struct SimOptions {
     /// pads the payload with zeros from a random point on and calls `transmit_faulted`;
     /// the receiver calls `payload_fault` and drops the payload from a random point on.
     pub fault_rate: f64,
+    /// Tick both sessions (`on_tick`) every this much virtual time, as the engine does,
+    /// which hedges slow rails (`SessionConfig::rail_hedge_after`); `None`: never (the
+    /// default; keepalives and timeouts stay out of the frame streams).
+    pub tick_every: Option<Duration>,
 }
 
 impl Default for SimOptions {
@@ -394,6 +398,7 @@ impl Default for SimOptions {
             sndbuf: 4 << 20,
             max_step: Duration::from_micros(20),
             fault_rate: 0.0,
+            tick_every: None,
         }
     }
 }
@@ -421,6 +426,10 @@ pub struct Sim {
     pub steps: u64,
     /// Print every receive event (set `BRAID_SIM_TRACE=1`).
     pub trace: bool,
+    /// With [`SimOptions::tick_every`]: the virtual time of the next tick, and ticks in a
+    /// row during which nothing else could happen.
+    next_tick: Duration,
+    idle_ticks: u32,
 }
 
 fn new_side(cfg: SessionConfig, rails: usize, id: u64) -> Side {
@@ -470,7 +479,29 @@ impl Sim {
             observe: None,
             steps: 0,
             trace: std::env::var_os("BRAID_SIM_TRACE").is_some(),
+            next_tick: Duration::ZERO,
+            idle_ticks: 0,
         }
+    }
+
+    /// Ticks both sessions if the clock has reached the next tick; fails the rails a
+    /// session finds dead. True if it ticked.
+    fn tick_due(&mut self) -> bool {
+        let Some(every) = self.opts.tick_every else {
+            return false;
+        };
+        if self.now < self.next_tick {
+            return false;
+        }
+        self.next_tick = self.now + every;
+        let at = self.base + self.now;
+        for s in 0..2 {
+            let dead = self.sides[s].session.on_tick(at);
+            for rail in (0..self.rails()).filter(|r| dead & (1 << r) != 0) {
+                self.lose_rail(s, rail);
+            }
+        }
+        true
     }
 
     /// Number of rails.
@@ -919,14 +950,24 @@ impl Sim {
                 .filter_map(|(r, d)| self.pipes[r][d].next_arrival(self.now))
                 .min();
             return match next {
-                Some(t) => {
+                Some(t) if self.opts.tick_every.is_none() || t < self.next_tick => {
                     self.now = t.max(self.now + Duration::from_nanos(dt));
                     true
                 }
-                None => false,
+                // Nothing before the next tick: a hedge may be due then. Quiet for 200
+                // ticks in a row (and nothing on the wire) is quiet for good.
+                _ if self.opts.tick_every.is_some() => {
+                    self.now = self.now.max(self.next_tick);
+                    self.tick_due();
+                    self.idle_ticks += 1;
+                    next.is_some() || self.idle_ticks < 200
+                }
+                _ => false,
             };
         }
+        self.idle_ticks = 0;
         self.now += Duration::from_nanos(dt);
+        self.tick_due();
         let (s, r, tx) = *self.rng.pick(&enabled);
         if tx {
             self.tx_one(s, r);

@@ -12,15 +12,18 @@ pub struct SessionConfig {
     pub max_outstanding: usize,
     /// Most receives posted and not yet consumed.
     pub max_recv: usize,
-    /// Window of a rail whose rate is not known yet (default 1 MiB; at least `min_window`).
-    /// A larger first burst overflowed a shaped link's queue: 2 MiB on a 250 Mbit/s rail lost
-    /// packets at start and stalled that rail (and the writes waiting for it) for a 200 ms
-    /// TCP retransmission timeout.
+    /// Window of a rail whose rate is not known yet (default 32 KiB, as much as a link of
+    /// any speed takes in one burst; at least 4 KiB). The first acknowledgements measure the
+    /// rate, and a fast rail's window follows it within a few round trips. A larger first
+    /// burst overflows a slow link's queue: 2 MiB on a 250 Mbit/s rail lost packets at start
+    /// and stalled that rail (and the writes waiting for it) for a 200 ms TCP retransmission
+    /// timeout, and 1 MiB on a 500 kbit/s rail was 16 s of its data.
     pub initial_window: u64,
-    /// Smallest window of a rail (default 1 MiB: above rate x delay up to ~2 Gbit/s, and
-    /// more than a shaped 1 Gbit/s link queues). A rail's chunks are at most a quarter of its
-    /// window, so lowering this (e.g. to 128 KiB) gives slow rails proportionally smaller
-    /// windows and chunks when rails differ in speed.
+    /// Smallest window of a rail fast enough to send it in 20 ms (default 1 MiB: above rate x
+    /// delay up to ~2 Gbit/s, and more than a shaped 1 Gbit/s link queues). Slower rails are
+    /// floored in time instead, at 20 ms of their rate (and at least 4 KiB), so a rail of
+    /// any speed carries what it can deliver in about the time the fast ones take. A rail's
+    /// chunks are a quarter of its window.
     pub min_window: u64,
     /// Largest window of a rail.
     pub max_window: u64,
@@ -59,6 +62,16 @@ pub struct SessionConfig {
     /// retransmission timeout (at least 200 ms) and may be declared dead by mistake, which
     /// costs a re-dial, not data.
     pub rail_stall_timeout: Duration,
+    /// A live rail whose frames have waited this long for an acknowledgement while another
+    /// rail is acknowledged (default 100 ms; `Duration::ZERO` turns hedging off) is
+    /// *hedged*: its unacknowledged requests and control frames are sent again on the
+    /// other rails, and it gets no new data until the peer has acknowledged everything sent
+    /// on it before. The peer executes whichever copy comes first and drops the other. A
+    /// rail whose first window was far more than it delivers (a slow link whose token
+    /// bucket passed the first burst at line rate) so holds nothing up for long, and is
+    /// never given up for being slow. Read responses are not hedged (they stay on their
+    /// rail): their copies would need the read's guard twice.
+    pub rail_hedge_after: Duration,
     /// Relaxed placement (like verbs' `IBV_ACCESS_RELAXED_ORDERING`; default off). A write
     /// whose target range no earlier outstanding operation of this side touches (every
     /// earlier one is a write to the same key at a disjoint range) may be placed by the
@@ -82,7 +95,7 @@ impl Default for SessionConfig {
             chunk_size: 1 << 20,
             max_outstanding: 1024,
             max_recv: 1024,
-            initial_window: 1 << 20,
+            initial_window: 32 << 10,
             min_window: 1 << 20,
             max_window: 32 << 20,
             target_delay: Duration::from_millis(4),
@@ -93,6 +106,7 @@ impl Default for SessionConfig {
             keepalive_interval: Duration::from_millis(250),
             peer_timeout: Duration::from_secs(3),
             rail_stall_timeout: Duration::from_millis(150),
+            rail_hedge_after: Duration::from_millis(50),
             relaxed_placement: false,
             spread_small_ops: true,
         }
@@ -105,8 +119,19 @@ pub(super) const EARLY_MAX_OPS: usize = 1024;
 
 pub(super) const EARLY_MAX_AHEAD: u64 = 1 << 16;
 
-/// Smallest chunk a slow rail is given (see `Session::chunk_for`).
+/// A small operation: one that fits one chunk of any rail of 1 Gbit/s and up (see
+/// `Session::next_data_is_concurrent_small_op`).
 pub(super) const MIN_CHUNK: u64 = 64 << 10;
+
+/// How long a window lasts at least at its rail's rate, below [`SessionConfig::min_window`]
+/// (see `Session::window`).
+pub(super) const MIN_WINDOW_TIME: Duration = Duration::from_millis(20);
+
+/// Smallest window of any rail, however slow: a few frames.
+pub(super) const MIN_WINDOW_BYTES: u64 = 4 << 10;
+
+/// Smallest chunk of any rail: a quarter of the smallest window.
+pub(super) const MIN_RAIL_CHUNK: u64 = MIN_WINDOW_BYTES / 4;
 
 /// Unacknowledged bytes that make an idle receiver acknowledge (see `Session::on_rx_idle`);
 /// windows are never smaller than four times this.

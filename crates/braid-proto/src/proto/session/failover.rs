@@ -14,9 +14,43 @@ use super::types::{Keep, Placement, RxAction};
 use super::{LogEntry, RxPending, Sent, Session, Staged};
 
 impl Session {
-    /// The next frame of a dead rail still worth sending, with its log entry.
-    pub(super) fn next_retransmission(&mut self) -> Option<(Frame, LogEntry)> {
-        while let Some(e) = self.retx.pop_front() {
+    /// True when a log entry waiting in `retx` may go on `rail`: not a copy of a frame this
+    /// very connection of `rail` carries (a hedge never goes on the rail it hedges).
+    pub(super) fn retx_fits(&self, e: &LogEntry, rail: usize) -> bool {
+        let (orig_rail, orig_end) = e.orig;
+        !(orig_rail == rail && orig_end > self.rails[rail].tx_conn_start)
+    }
+
+    /// True when the original of log entry `e` is known delivered: its rail is alive on
+    /// the connection that carried it and the peer acknowledged it (a hedged rail caught
+    /// up before its copy went).
+    fn retx_needless(&self, e: &LogEntry) -> bool {
+        let (orig_rail, orig_end) = e.orig;
+        let o = &self.rails[orig_rail];
+        o.alive && orig_end > o.tx_conn_start && orig_end <= o.acked
+    }
+
+    /// True when [`Session::next_retransmission`] has something for `rail`.
+    pub(super) fn retx_waiting(&self, rail: usize) -> bool {
+        self.retx
+            .iter()
+            .any(|e| self.retx_fits(e, rail) && !self.retx_needless(e))
+    }
+
+    /// The next frame of a dead (or hedged) rail still worth sending on `rail`, with its
+    /// log entry.
+    pub(super) fn next_retransmission(&mut self, rail: usize) -> Option<(Frame, LogEntry)> {
+        let mut i = 0;
+        while i < self.retx.len() {
+            if self.retx_needless(&self.retx[i]) {
+                self.retx.remove(i);
+                continue;
+            }
+            if !self.retx_fits(&self.retx[i], rail) {
+                i += 1;
+                continue;
+            }
+            let e = self.retx.remove(i).expect("in range");
             let frame = match &e.frame {
                 Sent::Request { seq, off, len } => {
                     // A completed operation was fully received: nothing to resend.
@@ -231,6 +265,11 @@ impl Session {
         r.stalled = false;
         r.crc_check = None;
         r.rx_retx = None;
+        r.rx_frame_end = None;
+        r.progress_at = None;
+        // Frames hedged already have their copies on other rails (or in `retx`).
+        let hedged_to = r.hedged_to.take().unwrap_or(0);
+        r.hedged_at = None;
         // The driver may still be writing into the pending placement: `rx_keep` keeps its
         // memory until it reports back; the payload is simply never accounted.
         // `rx_pending` goes (it must not count as "being placed" any more).
@@ -238,7 +277,8 @@ impl Session {
             self.staged_bytes -= st.data.len as u64;
         }
         let r = &mut self.rails[rail];
-        let log = std::mem::take(&mut r.log);
+        let mut log = std::mem::take(&mut r.log);
+        log.retain(|e| e.end > hedged_to || matches!(e.frame, Sent::Response { .. }));
         let ctrl = std::mem::take(&mut r.ctrl);
         self.dead_pending |= 1 << rail;
         let Some(heir) = self.rails.iter().position(|r| r.alive) else {
@@ -323,6 +363,7 @@ impl Session {
         r.alive = true;
         r.awaiting_restore = true;
         r.acked = r.tx_bytes;
+        r.tx_conn_start = r.tx_bytes;
         r.rate = RateEstimator::default();
         r.last_rx = None;
         r.last_tx = None;

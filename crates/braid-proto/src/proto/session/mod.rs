@@ -33,6 +33,7 @@
 
 mod config;
 mod failover;
+mod hedge;
 mod initiator;
 mod rail;
 mod read_guard;
@@ -49,6 +50,7 @@ mod window;
 mod testkit;
 
 pub use config::SessionConfig;
+pub use hedge::HedgeStats;
 pub use types::{Placement, PostError, ProtocolError, Request, RxAction, Transmit};
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -61,7 +63,7 @@ use crate::mem::registry::Registry;
 use crate::proto::spans::{Spans, Trailer};
 use crate::wire::{FrameHeader, Opcode};
 
-use self::config::MIN_CHUNK;
+use self::config::{MIN_CHUNK, MIN_WINDOW_BYTES};
 
 use self::initiator::OutOp;
 use self::rail::RailState;
@@ -124,8 +126,13 @@ pub struct Session {
     /// Chunks placed ahead of their turn so far (statistics).
     early_chunks: u64,
     staged_bytes: u64,
-    /// Retransmissions already applied, by original (rail, end).
+    /// Retransmissions already applied, by original (rail, end): of dead rails, and hedged
+    /// copies whose originals have not arrived yet.
     retx_seen: HashSet<(usize, u64)>,
+    /// Rails hedged, and frames sent again for them (statistics).
+    hedges: u64,
+    hedged_frames: u64,
+    hedge_dups: u64,
     /// Rails that died and whose sockets the driver must close (a bit per rail).
     dead_pending: u64,
     /// When [`Session::on_tick`] last ran.
@@ -144,7 +151,7 @@ impl Session {
         let mut cfg = cfg;
         cfg.min_window = cfg.min_window.max(2 * MIN_CHUNK);
         // Chunks are a quarter of the window (see `chunk_for`), so any window holds several.
-        cfg.initial_window = cfg.initial_window.max(cfg.min_window);
+        cfg.initial_window = cfg.initial_window.max(MIN_WINDOW_BYTES);
         cfg.max_window = cfg.max_window.max(cfg.min_window);
         Session {
             cfg,
@@ -180,6 +187,9 @@ impl Session {
             early_chunks: 0,
             staged_bytes: 0,
             retx_seen: HashSet::new(),
+            hedges: 0,
+            hedged_frames: 0,
+            hedge_dups: 0,
             dead_pending: 0,
             last_tick: None,
         }
@@ -293,6 +303,7 @@ impl Session {
 }
 
 /// A frame handed to a rail and not yet acknowledged: enough to send it again elsewhere.
+#[derive(Clone)]
 enum Sent {
     /// Request `seq`; for chunks, the bytes `[off, off + len)` of the operation.
     Request { seq: u64, off: u64, len: u64 },
@@ -311,6 +322,7 @@ enum Sent {
     Control(FrameHeader),
 }
 
+#[derive(Clone)]
 struct LogEntry {
     /// Offset on the rail it was sent on, after the frame.
     end: u64,
@@ -392,7 +404,7 @@ mod tests {
     use crate::error::Status;
     use crate::mem::registry::Registry;
 
-    use super::config::MIN_CHUNK;
+    use super::config::{MIN_CHUNK, MIN_WINDOW_BYTES};
     use super::testkit::Pair;
     use super::{ProtocolError, Request, Session, SessionConfig};
 
@@ -409,7 +421,7 @@ mod tests {
         assert_eq!(c.min_window, 2 * MIN_CHUNK);
         assert_eq!(
             (c.initial_window, c.max_window),
-            (c.min_window, c.min_window)
+            (MIN_WINDOW_BYTES, c.min_window)
         );
         assert_eq!(s.rail_count(), 3);
         assert!(!s.is_failed());

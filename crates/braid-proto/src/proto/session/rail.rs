@@ -54,6 +54,26 @@ pub(super) struct RailState {
     pub(super) ack_after_payload: bool,
     /// Sent-byte position at which the next frame asks for an acknowledgement.
     pub(super) next_ack_req: u64,
+    /// Where the last frame that asked for an acknowledgement ends.
+    pub(super) ack_req_end: u64,
+    /// Where this side's bytes of the current connection start in the rail's count (0 for
+    /// the first connection).
+    pub(super) tx_conn_start: u64,
+    /// When logged frames last started to wait on an idle rail, or an acknowledgement last
+    /// came: how long the oldest frame has waited without progress.
+    pub(super) progress_at: Option<Instant>,
+    /// A hedged rail (see `SessionConfig::rail_hedge_after`): its frames up to this sent
+    /// count went again on other rails, and it takes no new data until they are
+    /// acknowledged.
+    pub(super) hedged_to: Option<u64>,
+    /// When the rail was hedged, and how much of it was acknowledged then: the rail drains
+    /// what it holds until it catches up, which measures its rate.
+    pub(super) hedged_at: Option<(Instant, u64)>,
+    /// A rail found overdue while the peer showed no life elsewhere is looked at again then.
+    pub(super) hedge_not_before: Option<Instant>,
+    /// Where the frame whose payload is being read ends, in the rail's count (original
+    /// frames only): a hedged copy of it waits until it is complete.
+    pub(super) rx_frame_end: Option<u64>,
 }
 
 impl RailState {
@@ -81,6 +101,13 @@ impl RailState {
             capacity: 0.0,
             ack_after_payload: false,
             next_ack_req: 0,
+            ack_req_end: 0,
+            tx_conn_start: 0,
+            progress_at: None,
+            hedged_to: None,
+            hedged_at: None,
+            hedge_not_before: None,
+            rx_frame_end: None,
         }
     }
 
@@ -107,8 +134,10 @@ impl Session {
         }
     }
 
-    /// Timer work; the driver calls it at least every [`SessionConfig::keepalive_interval`].
-    /// Queues keepalives on rails that have been quiet, and returns the rails (a bit per rail)
+    /// Timer work; the driver calls it at least every [`SessionConfig::keepalive_interval`]
+    /// (and at [`Session::poll_timeout`]). Hedges rails slow to acknowledge (see
+    /// `SessionConfig::rail_hedge_after`), queues keepalives on rails that have been quiet,
+    /// and returns the rails (a bit per rail)
     /// that received nothing for [`SessionConfig::peer_timeout`]: the driver fails them.
     ///
     /// Only silence this side observed counts. A gap between two calls longer than the
@@ -124,6 +153,7 @@ impl Session {
         if self.failed.is_some() {
             return 0;
         }
+        self.hedge_slow_rails(now);
         let slack = self.cfg.keepalive_interval.max(self.cfg.peer_timeout / 4);
         let unobserved = self.last_tick.map_or(Duration::ZERO, |t| {
             now.saturating_duration_since(t).saturating_sub(slack)
@@ -155,8 +185,9 @@ impl Session {
 
     /// When [`Session::on_tick`] is due next (as quinn-proto's `Connection::poll_timeout`):
     /// the earliest keepalive of a live rail (one `keepalive_interval` after it last handed
-    /// out a frame, unless one waits to be sent already) or `peer_timeout` after a rail that
-    /// is not stalled last received. A time in the past means now: a rail whose clocks have
+    /// out a frame, unless one waits to be sent already), `peer_timeout` after a rail that
+    /// is not stalled last received, or when a rail's frames will have waited long enough
+    /// to be hedged (`rail_hedge_after`). A time in the past means now: a rail whose clocks have
     /// not started (before the first tick, after a rail is restored) gives the last tick's
     /// time. `None` before the first tick (the driver ticks at once, or within its longest
     /// period) and once the session has failed.
@@ -180,6 +211,9 @@ impl Session {
             if !r.stalled {
                 at(rx + self.cfg.peer_timeout);
             }
+        }
+        if let Some(t) = self.hedge_due() {
+            at(t);
         }
         due
     }

@@ -6,10 +6,11 @@ use std::time::Instant;
 use crate::error::Status;
 use crate::mem::file::crc32c_maybe_fragile;
 use crate::mem::region::sgl_is_fragile;
-use crate::wire::frame::{FLAG_ACK_REQ, FLAG_RETX, FLAG_TRAILER, HEADER_LEN};
+use crate::wire::frame::{FLAG_ACK_REQ, FLAG_HEDGE, FLAG_RETX, FLAG_TRAILER, HEADER_LEN};
 use crate::wire::{FrameHeader, Opcode, WireStatus};
 
 use super::initiator::wire_status;
+use super::rail::RailState;
 use super::read_guard::unlog_response;
 use super::target::parse_descriptor;
 use super::types::{Keep, Placement, ProtocolError, RxAction};
@@ -67,6 +68,7 @@ impl Session {
                         unlog_response(&mut self.reads_active, seq);
                     }
                 }
+                self.note_progress(rail, now);
             }
         }
         if self.failed.is_some() {
@@ -91,33 +93,37 @@ impl Session {
                     seq: h.seq,
                 });
             }
-            // The peer gave the rail up: so do we, freezing how much of it we consumed.
-            if !earlier {
+            // A hedged copy: the peer still uses the original rail (see `hedge`).
+            let hedge = h.flags & FLAG_HEDGE != 0 && !earlier && self.rails[orig_rail].alive;
+            // Otherwise the peer gave the rail up: so do we, freezing how much of it we
+            // consumed.
+            if !earlier && !hedge {
                 self.rail_down(orig_rail);
             }
-            let consumed = self.rails[orig_rail].dead_consumed.unwrap_or(0);
+            let o = &self.rails[orig_rail];
+            let consumed = if hedge {
+                o.rx_bytes
+            } else {
+                o.dead_consumed.unwrap_or(0)
+            };
             if orig_end <= consumed || self.retx_seen.contains(&(orig_rail, orig_end)) {
-                // Already received on the dead rail (or already retransmitted): drop it.
-                self.consumed(rail, HEADER_LEN as u64);
-                if h.payload_len > 0 {
-                    self.rails[rail].rx_pending = Some(RxPending::Dropped { len: h.payload_len });
-                    self.rails[rail].crc_check = None;
-                    return Ok(RxAction::Discard);
-                }
-                return Ok(RxAction::Done);
+                // Already received on its own rail (or already retransmitted): drop it.
+                self.hedge_dups += u64::from(hedge);
+                return Ok(self.drop_frame(rail, h));
             }
             // An earlier copy of the same frame is still being read on another rail: the peer
             // resent it again because it gave that rail up too, which we may not know yet.
             // Wait until that copy is complete (then this one is a duplicate) or its rail
-            // dies (then this one counts).
-            if self
-                .rails
-                .iter()
-                .any(|r| r.alive && r.rx_retx == Some((orig_rail, orig_end)))
+            // dies (then this one counts). The same for a hedged original being read.
+            let reading = |r: &RailState| r.alive && r.rx_retx == Some((orig_rail, orig_end));
+            if self.rails.iter().any(reading)
+                || (hedge && self.rails[orig_rail].rx_frame_end == Some(orig_end))
             {
                 self.rails[rail].stalled = true;
                 return Ok(RxAction::Stall);
             }
+        } else if let Some(action) = self.original_already_hedged(rail, h) {
+            return Ok(action);
         }
         let action = if h.opcode.is_request() {
             self.on_request(rail, h)?
@@ -144,6 +150,10 @@ impl Session {
                     self.rails[rail].ack_after_payload = true;
                 }
             }
+        }
+        if h.flags & FLAG_RETX == 0 && matches!(action, RxAction::Place(_) | RxAction::Discard) {
+            let r = &mut self.rails[rail];
+            r.rx_frame_end = Some(r.rx_bytes + h.payload_len as u64);
         }
         // A retransmission counts as received once it is consumed whole: not when it stalls,
         // and not if its rail dies in the middle of its payload.
@@ -322,6 +332,14 @@ impl Session {
             self.retx_seen.insert(key);
             // Another copy of it may be waiting (see on_frame): it is now a duplicate.
             self.retry_stalled();
+        }
+        if let Some(end) = self.rails[rail].rx_frame_end.take() {
+            // An original whose copy came first is consumed: its record may go.
+            self.retx_seen.remove(&(rail, end));
+            if self.rails.iter().any(|r| r.stalled) {
+                // A hedged copy of it may be waiting: it is now a duplicate.
+                self.retry_stalled();
+            }
         }
         if let Some((h, pieces, fragile)) = self.rails[rail].crc_check.take() {
             let mut got = Some(0);

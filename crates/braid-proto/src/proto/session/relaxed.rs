@@ -295,7 +295,7 @@ impl Session {
             if e.received < e.total {
                 return;
             }
-            let Some(rail) = self.rails.iter().position(|r| r.alive) else {
+            let Some(rail) = self.reply_rail() else {
                 return;
             };
             self.start_early(seq);

@@ -40,9 +40,15 @@ impl Session {
             .filter(|&r| alive(&self.rails[r]))
             .map(|r| self.window(r) as u128)
             .sum();
+        // At least a small operation's worth; a rail measured slow, one of its chunks.
+        let floor = if self.measured_rate(rail) > 0.0 {
+            MIN_CHUNK.min(self.chunk_for(rail))
+        } else {
+            MIN_CHUNK
+        };
         let share = (total as u128 * self.window(rail) as u128)
             .div_ceil(windows.max(1))
-            .max(MIN_CHUNK as u128) as u64;
+            .max(floor as u128) as u64;
         let sent = match &self.lone {
             Some(l) if l.key == (resp, seq) => l.sent.get(rail).copied().unwrap_or(0),
             _ => 0,
@@ -161,8 +167,8 @@ mod tests {
     fn setup(len: usize) -> (Session, Region, u64) {
         let reg = Arc::new(Registry::default());
         let mut s = Session::new(SessionConfig::default(), reg.clone(), 2, 0);
-        s.set_rail_capacity(0, 1e9);
-        s.set_rail_capacity(1, 5e8);
+        s.measure_rail(0, 1e9);
+        s.measure_rail(1, 5e8);
         let r = Region::allocate_in(&reg, len, Access::all()).unwrap();
         let seq = s
             .post(

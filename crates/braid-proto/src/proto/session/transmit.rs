@@ -7,7 +7,9 @@ use std::time::Instant;
 use crate::error::Status;
 use crate::mem::file::{crc32c_raw, read_fragile};
 use crate::proto::spans::Spans;
-use crate::wire::frame::{FLAG_ACK_REQ, FLAG_EARLY, FLAG_IMM, FLAG_RETX, FLAG_TRAILER, HEADER_LEN};
+use crate::wire::frame::{
+    FLAG_ACK_REQ, FLAG_EARLY, FLAG_HEDGE, FLAG_IMM, FLAG_RETX, FLAG_TRAILER, HEADER_LEN,
+};
 use crate::wire::{FrameHeader, Opcode, WireStatus};
 
 use super::staging::StagingBuf;
@@ -105,7 +107,19 @@ impl Session {
     /// `rail`.
     pub fn wants_ctrl_transmit(&self, rail: usize) -> bool {
         let r = &self.rails[rail];
-        r.alive && !r.ctrl.is_empty()
+        r.alive && (!r.ctrl.is_empty() || self.needs_ack_req(rail))
+    }
+
+    /// True when `rail` may send no more data, has bytes unacknowledged, and none of them
+    /// asked for an acknowledgement: a window that shrank under what was in flight (a
+    /// rate estimate fell) or is smaller than the receiver's unasked thresholds would wait
+    /// for ever. A `RailAck` that asks for one goes then.
+    fn needs_ack_req(&self, rail: usize) -> bool {
+        let r = &self.rails[rail];
+        !r.awaiting_restore
+            && r.inflight() > 0
+            && r.acked >= r.ack_req_end
+            && !self.data_allowed(rail)
     }
 
     /// True when [`Session::poll_transmit`] would return a request, response or
@@ -113,7 +127,7 @@ impl Session {
     /// acknowledgement, which a driver may hold back briefly for the next request to carry).
     pub fn wants_data_transmit(&self, rail: usize) -> bool {
         self.rails[rail].alive
-            && ((!self.retx.is_empty() && self.data_allowed(rail))
+            && ((self.data_allowed(rail) && self.retx_waiting(rail))
                 || ((!self.tx_req.is_empty() || !self.tx_resp.is_empty())
                     && self.data_allowed(rail)
                     && !self.leaves_lone_share(rail)
@@ -132,8 +146,15 @@ impl Session {
                 let logged = matches!(h.opcode, Opcode::Done | Opcode::AtomicResponse)
                     .then_some(Sent::Control(h));
                 (h, Vec::new(), None, logged)
-            } else if !self.retx.is_empty() && self.data_allowed(rail) {
-                let (frame, e) = self.next_retransmission()?;
+            } else if self.needs_ack_req(rail) {
+                let mut h = FrameHeader::new(Opcode::RailAck);
+                h.flags |= FLAG_ACK_REQ;
+                (h, Vec::new(), None, None)
+            } else if let Some((frame, e)) = self
+                .data_allowed(rail)
+                .then(|| self.next_retransmission(rail))
+                .flatten()
+            {
                 orig = Some(e.orig);
                 frame
             } else if (!self.tx_req.is_empty() || !self.tx_resp.is_empty())
@@ -213,6 +234,9 @@ impl Session {
             hdr.flags |= FLAG_ACK_REQ;
             r.next_ack_req = r.tx_bytes + len + half_window;
         }
+        if hdr.flags & FLAG_ACK_REQ != 0 {
+            r.ack_req_end = r.tx_bytes + len;
+        }
         r.tx_bytes += len;
         if let Some((orig_rail, orig_end)) = orig {
             hdr.flags |= FLAG_RETX | ((orig_rail as u16) << 8);
@@ -223,12 +247,24 @@ impl Session {
         }
         if let Some(frame) = logged {
             let end = r.tx_bytes;
+            let waits_alone = r.log.is_empty();
             r.log.push_back(LogEntry {
                 end,
                 orig: orig.unwrap_or((rail, end)),
                 frame,
             });
+            if waits_alone {
+                self.rails[rail].progress_at = Some(now);
+                self.rails[rail].hedge_not_before = None;
+            }
         }
+        // A copy of a frame whose own rail this side still uses: a hedge (see `hedge`).
+        if let Some((orig_rail, _)) = orig
+            && self.rails.get(orig_rail).is_some_and(|o| o.alive)
+        {
+            hdr.flags |= FLAG_HEDGE;
+        }
+        let r = &mut self.rails[rail];
         if hdr.opcode.is_chunk() {
             r.data_sent += hdr.payload_len as u64;
         }

@@ -3,22 +3,46 @@
 use std::time::Duration;
 
 use super::Session;
-use super::config::MIN_CHUNK;
+use super::config::{MIN_RAIL_CHUNK, MIN_WINDOW_BYTES, MIN_WINDOW_TIME};
+
+/// How far the transport's delivery rate may exceed the rate braid's own acknowledgements
+/// show before it is not believed (see `Session::measured_rate`).
+const CAPACITY_OVER_ACKED: f64 = 4.0;
 
 impl Session {
     pub(super) fn window(&self, rail: usize) -> u64 {
+        let rate = self.measured_rate(rail);
+        if rate <= 0.0 {
+            return self.cfg.initial_window;
+        }
+        // Floored in time, not only in bytes: a rail far slower than `min_window` per
+        // `MIN_WINDOW_TIME` gets what it delivers in that time, so what it carries never
+        // holds an operation (and the fast rails' completions behind it) for long.
+        let floor = self
+            .cfg
+            .min_window
+            .min((rate * MIN_WINDOW_TIME.as_secs_f64()) as u64)
+            .max(MIN_WINDOW_BYTES);
+        ((rate * self.target_delay().as_secs_f64()) as u64)
+            .clamp(floor, self.cfg.max_window.max(floor))
+    }
+
+    /// The rate `rail`'s window follows (bytes per second; 0 while no acknowledgement has
+    /// measured it).
+    pub(super) fn measured_rate(&self, rail: usize) -> f64 {
         let r = &self.rails[rail];
         // The kernel's view of the connection's delivery rate, when the driver reports it, is
-        // not distorted by braid's own stalls; acknowledgement timing is the fallback.
-        let rate = if r.capacity > 0.0 {
-            r.capacity
+        // not distorted by braid's own stalls; acknowledgement timing checks it. The kernel
+        // keeps its highest rate sample while the connection is application-limited, which
+        // a small window makes it: on a 500 kbit/s rail behind a 256 KB token bucket, the
+        // first burst's 1 Gbit/s stood for seconds and gave that rail a 2 MB window.
+        let acked = r.rate.rate();
+        if acked <= 0.0 {
+            0.0
+        } else if r.capacity > 0.0 {
+            r.capacity.min(acked * CAPACITY_OVER_ACKED)
         } else {
-            r.rate.rate()
-        };
-        match rate {
-            x if x <= 0.0 => self.cfg.initial_window,
-            rate => ((rate * self.target_delay().as_secs_f64()) as u64)
-                .clamp(self.cfg.min_window, self.cfg.max_window),
+            acked
         }
     }
 
@@ -32,7 +56,8 @@ impl Session {
     }
 
     /// Largest chunk for `rail`: a quarter of its window, so that four chunks are in flight;
-    /// a slow rail takes small chunks instead of holding up an operation with a large one.
+    /// a slow rail takes small chunks instead of holding up an operation with a large one
+    /// (at 500 kbit/s, the smallest window: 4 KiB in 1 KiB chunks).
     /// The target executes chunks in order, so a chunk is also how long the other rails may
     /// wait behind this one: at 1 Gbit/s (1 MiB window) 256 KiB chunks kept four rails at
     /// 478 MB/s where 512 KiB chunks (half the window) gave 454 and 1 MiB chunks 394-478
@@ -40,7 +65,7 @@ impl Session {
     /// `braid testbed up --rails 4`, README "Goals").
     pub(super) fn chunk_for(&self, rail: usize) -> u64 {
         let max = self.cfg.chunk_size as u64;
-        (self.window(rail) / 4).clamp(MIN_CHUNK.min(max), max)
+        (self.window(rail) / 4).clamp(MIN_RAIL_CHUNK.min(max), max)
     }
 
     /// The delivery rate the transport measures for `rail` (bytes per second; e.g. Linux's
@@ -59,7 +84,23 @@ impl Session {
     }
 
     pub(super) fn data_allowed(&self, rail: usize) -> bool {
-        self.rails[rail].inflight() < self.window(rail)
+        self.rails[rail].inflight() < self.window(rail) && !self.sidelined(rail)
+    }
+
+    /// Makes `rail`'s measured rates (acknowledgements and the transport's) `bytes_per_sec`.
+    #[cfg(test)]
+    pub(super) fn measure_rail(&mut self, rail: usize, bytes_per_sec: f64) {
+        let t0 = std::time::Instant::now();
+        let r = &mut self.rails[rail];
+        r.rate = crate::proto::rate::RateEstimator::default();
+        r.rate.on_ack(0, t0, true);
+        r.rate.on_ack(
+            (bytes_per_sec / 100.0) as u64,
+            t0 + Duration::from_millis(10),
+            true,
+        );
+        r.capacity = 0.0;
+        self.set_rail_capacity(rail, bytes_per_sec);
     }
 }
 
@@ -97,17 +138,50 @@ mod tests {
     #[test]
     fn window_is_capacity_times_delay_within_its_bounds() {
         let mut s = session(cfg());
-        s.set_rail_capacity(0, 1e9);
+        s.measure_rail(0, 1e9);
         assert!(s.window(0).abs_diff(4_000_000) <= 1, "{}", s.window(0));
         assert!(s.chunk_for(0).abs_diff(1_000_000) <= 1);
-        // 4 KB of rate x delay: the floor.
-        s.set_rail_capacity(1, 1e6);
+        // 200 MB/s: rate x delay is 800 KB, below the floor of 1 MiB (which it sends in
+        // less than 20 ms).
+        s.measure_rail(1, 2e8);
         assert_eq!(s.window(1), 1 << 20);
         assert_eq!(s.chunk_for(1), 256 << 10);
-        // Smoothed towards a huge sample: the ceiling.
+        // Smoothed towards a huge sample: believed up to 4x the acknowledged rate.
         s.set_rail_capacity(0, 1e12);
-        assert_eq!(s.window(0), 32 << 20);
+        assert!(s.window(0).abs_diff(16_000_000) <= 1, "{}", s.window(0));
+        s.measure_rail(0, 1e12);
+        assert_eq!(s.window(0), 32 << 20, "the ceiling");
         assert_eq!(s.chunk_for(0), 4 << 20, "chunks never exceed chunk_size");
+    }
+
+    /// A slow rail's window is 20 ms of its rate, not `min_window`; and never below 4 KiB.
+    #[test]
+    fn slow_rails_are_floored_in_time() {
+        let mut s = session(cfg());
+        s.measure_rail(0, 1e6);
+        assert!(s.window(0).abs_diff(20_000) <= 1, "{}", s.window(0));
+        assert!(s.chunk_for(0).abs_diff(5_000) <= 1);
+        // 500 kbit/s: 1250 B in 20 ms; the floor in bytes.
+        s.measure_rail(1, 62_500.0);
+        assert_eq!(s.window(1), 4096);
+        assert_eq!(s.chunk_for(1), 1024);
+    }
+
+    /// The transport's rate counts only once acknowledgements confirm it, and only up to
+    /// four times what they show (a token bucket's first burst, kept by the kernel while the
+    /// window limits the connection).
+    #[test]
+    fn the_transport_rate_is_checked_against_acknowledgements() {
+        let mut s = session(cfg());
+        s.set_rail_capacity(0, 125e6);
+        assert_eq!(
+            s.window(0),
+            8 << 20,
+            "no acknowledgement yet: the initial window"
+        );
+        s.measure_rail(0, 62_500.0);
+        s.set_rail_capacity(0, 125e6);
+        assert_eq!(s.window(0), 5000, "believed up to 250 KB/s: 20 ms of it");
     }
 
     #[test]
@@ -130,7 +204,7 @@ mod tests {
             ..cfg()
         });
         assert_eq!(s.target_delay(), Duration::from_millis(16));
-        s.set_rail_capacity(0, 1e8);
+        s.measure_rail(0, 1e8);
         assert!(s.window(0).abs_diff(1_600_000) <= 1, "{}", s.window(0));
     }
 
