@@ -26,7 +26,10 @@
 //! timestamps) costs 1514 bytes, so the framing limit of one 1 Gbit/s rail is
 //! 1448/1514 × 125 MB/s = 119.55 MB/s; at MTU 9000 it is 8948/9014 × 125 = 124.08 MB/s.
 //! Offloads (GSO/GRO/TSO) are left on: tbf accounts GSO packets by their on-wire size, and
-//! the measurements below reach the framing limit with them on.
+//! the measurements below reach the framing limit with them on. A GSO packet holds at most
+//! 1 ms of the rail's rate (`gso_max_segs`; no limit in practice from 1 Gbit/s on): tbf
+//! releases a GSO packet whole, and on a 500 kbit/s rail a 34 KB one left after 0.55 s with
+//! nothing before it, where a NIC sends its segments one by one.
 //!
 //! An unshaped testbed ([`TestbedSpec::unshaped`], `braid testbed up --unshaped`) has no
 //! qdisc at all: the rails are plain veth pairs, as fast as the CPUs move packets, for
@@ -668,7 +671,19 @@ fn shape(ns: &str, ifn: &str, rate: Rate) -> Result<()> {
         "latency",
         "5ms",
     ])?;
+    let segs = gso_segs_for(rate).to_string();
+    ip(&["-n", ns, "link", "set", "dev", ifn, "gso_max_segs", &segs])?;
     Ok(())
+}
+
+/// Most TCP segments per GSO packet on a rail of `rate`: as many as it sends in 1 ms (at
+/// least one). tbf releases a GSO packet whole once the bucket holds its size, where a NIC
+/// puts its segments on the wire one by one: at 500 kbit/s a 23-segment packet left after
+/// 0.55 s with nothing before it, and the peer, hearing nothing (its acknowledgements
+/// waiting behind it too), gave a live rail up. From 1 Gbit/s on the cap (82) is above
+/// what TCP builds (64 KiB: 45 segments), so fast rails are as before.
+fn gso_segs_for(rate: Rate) -> u64 {
+    (rate.bytes_per_s() / 1000 / 1514).clamp(1, 65535)
 }
 
 fn ifname(peer: usize, rail: usize) -> String {
@@ -691,6 +706,13 @@ pub fn framing_limit_mb_s(rate: Rate, mtu: u32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gso_packets_hold_a_millisecond_of_the_rate() {
+        assert_eq!(gso_segs_for(Rate::from_bits(500_000)), 1);
+        assert_eq!(gso_segs_for(Rate::from_bits(100_000_000)), 8);
+        assert_eq!(gso_segs_for(Rate::from_bits(1_000_000_000)), 82);
+    }
 
     #[test]
     fn addressing_two_hosts() {

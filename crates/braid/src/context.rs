@@ -319,6 +319,7 @@ impl Context {
             send_cq: opts.send_cq.clone(),
             recv_cq: opts.recv_cq.clone(),
             closed: AtomicBool::new(false),
+            peer_closed: AtomicBool::new(false),
             kicker: self.inner.engine.kicker(),
             app_polled: std::sync::atomic::AtomicU64::new(0),
             ctrl_held_since: std::sync::atomic::AtomicU64::new(0),

@@ -105,6 +105,18 @@ pub(crate) fn recv_into(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     retry(|| unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) })
 }
 
+/// Bytes waiting in the socket's receive queue (`FIONREAD`).
+pub(crate) fn bytes_waiting(fd: RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer.
+    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n as *mut libc::c_int) };
+    if r == 0 {
+        Ok(n.max(0) as usize)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Sets the socket's receive low-water mark: readiness (and the wakeup) is reported only
 /// once `bytes` are queued, or on end of stream or error.
 pub(crate) fn set_rcvlowat(fd: RawFd, bytes: usize) -> io::Result<()> {

@@ -122,6 +122,9 @@ pub(crate) struct EndpointShared {
     pub(crate) send_cq: CompletionQueue,
     pub(crate) recv_cq: CompletionQueue,
     pub(crate) closed: AtomicBool,
+    /// The peer closed the endpoint (a `Close` came on some rail): the other rails' ends
+    /// that follow are its closing, not failures.
+    pub(crate) peer_closed: AtomicBool,
     pub(crate) kicker: Arc<EngineShared>,
     /// When an application thread last drove this endpoint's progress (nanoseconds on
     /// [`clock_ns`]; 0 = not polling). While recent, the engine leaves reads to it.
@@ -159,7 +162,12 @@ impl EndpointShared {
         let mut s = self.session.lock();
         if !s.is_failed() && s.rail_alive(rail) {
             if why.contains("the peer closed the endpoint") {
+                self.peer_closed.store(true, Ordering::Relaxed);
                 tracing::info!(endpoint = self.id, peer = %self.peer, "the peer closed the endpoint");
+            } else if self.peer_closed.load(Ordering::Relaxed) {
+                // A slow rail's `Close` may still be queued behind its data when the peer's
+                // socket goes.
+                tracing::info!(endpoint = self.id, peer = %self.peer, rail, "rail ended after the peer closed: {why}");
             } else {
                 tracing::warn!(endpoint = self.id, peer = %self.peer, rail, "rail failed: {why}");
             }

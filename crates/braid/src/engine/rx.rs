@@ -67,6 +67,12 @@ struct RxRail<'a> {
 
 enum RxState {
     Header,
+    /// A header whose payload has not arrived yet: it is offered to the session once the
+    /// payload is there (up to `LOWAT_MAX`), so that a frame is never half-read for long.
+    /// A hedged copy of a frame waits while its original is being read (see the session's
+    /// `hedge` module): on a slow rail, an original offered at its header would hold the
+    /// copy, and the fast rail behind it, for as long as its payload takes to trickle in.
+    Arriving(FrameHeader),
     Stalled(FrameHeader),
     Payload {
         place: Placement,
@@ -137,11 +143,33 @@ impl RxRail<'_> {
                     }
                     match FrameHeader::decode(&self.c.buf[self.c.start..self.c.end]) {
                         Ok(h) => {
+                            // The payload is not all here yet: wait for it before the
+                            // session sees the header.
+                            let rest = (h.payload_len as usize)
+                                .saturating_sub(self.buffered() - HEADER_LEN)
+                                .min(LOWAT_MAX);
+                            if rest > 0 {
+                                let waiting = if self.c.drained {
+                                    Some(0)
+                                } else {
+                                    self.c.link.bytes_waiting()
+                                };
+                                if waiting.is_some_and(|w| w < rest) {
+                                    self.set_lowat(rest);
+                                    self.c.state = RxState::Arriving(h);
+                                    return RxStep::Wait;
+                                }
+                            }
                             if let Some(step) = self.offer(h) {
                                 return step;
                             }
                         }
                         Err(e) => return self.die(&format!("malformed frame: {e}")),
+                    }
+                }
+                RxState::Arriving(h) => {
+                    if let Some(step) = self.offer(h) {
+                        return step;
                     }
                 }
                 RxState::Stalled(h) => {

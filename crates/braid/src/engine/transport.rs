@@ -12,7 +12,9 @@ use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use super::io::{Received, recv_into, recv_pieces, send_pieces, set_rcvlowat, tcp_info};
+use super::io::{
+    Received, bytes_waiting, recv_into, recv_pieces, send_pieces, set_rcvlowat, tcp_info,
+};
 
 /// What a transport can tell of its link: capacity and liveness, sampled by the engine's
 /// periodic tick.
@@ -49,6 +51,10 @@ pub(crate) trait Transport: Send + Sync {
     /// Reports readability only once `bytes` are waiting (or on end or error): the receive
     /// loop asks for no more than the current frame still has to deliver.
     fn set_wake_threshold(&self, bytes: usize) -> io::Result<()>;
+    /// Bytes received and not read yet, if the transport can tell.
+    fn bytes_waiting(&self) -> Option<usize> {
+        None
+    }
     /// Capacity and liveness of the link, if the transport knows them.
     fn sample(&self) -> Option<LinkSample>;
     /// What is wrong with the local device under the link, if anything (see
@@ -110,6 +116,10 @@ impl Transport for Tcp {
 
     fn set_wake_threshold(&self, bytes: usize) -> io::Result<()> {
         set_rcvlowat(self.stream.as_raw_fd(), bytes)
+    }
+
+    fn bytes_waiting(&self) -> Option<usize> {
+        bytes_waiting(self.stream.as_raw_fd()).ok()
     }
 
     fn sample(&self) -> Option<LinkSample> {
