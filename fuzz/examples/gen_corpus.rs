@@ -7,9 +7,9 @@
 use std::fs;
 use std::path::Path;
 
-use braid::wire::frame::{FLAG_IMM, FLAG_TRAILER};
-use braid::wire::handshake::{AuthProof, caps};
-use braid::wire::{FrameHeader, HandshakeStatus, Hello, HelloReply, Opcode};
+use braid_proto::wire::frame::{FLAG_IMM, FLAG_TRAILER};
+use braid_proto::wire::handshake::{AuthProof, caps};
+use braid_proto::wire::{FrameHeader, HandshakeStatus, Hello, HelloReply, Opcode};
 
 fn hdr(op: Opcode, seq: u64, rkey: u64, addr: u64, arg0: u64, arg1: u64, len: u32) -> FrameHeader {
     let mut h = FrameHeader::new(op);
@@ -137,7 +137,7 @@ fn main() {
     // ------------------------------------------------------------------ handshake
     let d = &dirs[1];
     let hello = Hello {
-        version: braid::wire::handshake::HANDSHAKE_VERSION,
+        version: braid_proto::wire::handshake::HANDSHAKE_VERSION,
         rail_index: 1,
         rail_count: 4,
         capabilities: caps::PAYLOAD_CRC32C | caps::AUTH,
@@ -165,7 +165,7 @@ fn main() {
         ("reply_auth_failed", HandshakeStatus::AuthFailed),
     ] {
         let r = HelloReply {
-            version: braid::wire::handshake::HANDSHAKE_VERSION,
+            version: braid_proto::wire::handshake::HANDSHAKE_VERSION,
             rail_index: 1,
             rail_count: 4,
             status,

@@ -64,13 +64,16 @@ impl Session {
         r.hedge_not_before = None;
         if r.hedged_to.is_some_and(|to| r.acked >= to) {
             r.hedged_to = None;
-            // It was busy all the while: what it delivered since the hedge is its rate.
-            // The estimate that gave it more than it could carry came from a burst (a token
-            // bucket's, say) and is replaced.
+            // It was busy all the while: what it delivered since the hedge is its rate, and
+            // the estimate that gave it more than it could carry (a token bucket's burst,
+            // say) is replaced. Only a drain that took long says so: one that ended soon
+            // after the hedge was a rail the peer held back (its reads waiting for a copy's
+            // original, say); measured so, a healthy rail's rate fell to a fiftieth.
             let mut rate = 0.0;
+            let long = (self.cfg.rail_hedge_after * 4).as_secs_f64();
             if let Some((t0, acked0)) = r.hedged_at.take() {
                 let secs = now.saturating_duration_since(t0).as_secs_f64();
-                if secs >= 0.002 && r.acked > acked0 {
+                if secs >= long && r.acked > acked0 {
                     rate = (r.acked - acked0) as f64 / secs;
                     r.rate.reset_to(rate);
                     if r.capacity > rate {
