@@ -63,7 +63,7 @@ pub struct SessionConfig {
     /// costs a re-dial, not data.
     pub rail_stall_timeout: Duration,
     /// A live rail whose frames have waited this long for an acknowledgement while another
-    /// rail is acknowledged (default 100 ms; `Duration::ZERO` turns hedging off) is
+    /// rail is acknowledged (default 50 ms; `Duration::ZERO` turns hedging off) is
     /// *hedged*: its unacknowledged requests and control frames are sent again on the
     /// other rails, and it gets no new data until the peer has acknowledged everything sent
     /// on it before. The peer executes whichever copy comes first and drops the other. A
