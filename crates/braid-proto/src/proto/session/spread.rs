@@ -184,6 +184,16 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// A write of all of `r` to key 7.
+    fn whole_write(r: &Region) -> Request {
+        Request::Write {
+            local: vec![r.as_sge()],
+            rkey: 7,
+            addr: 0,
+            imm: None,
+        }
+    }
+
     /// A session over two rails whose windows are 4 MB and 2 MB, and a write of `len` bytes.
     fn setup(len: usize) -> (Session, Region, u64) {
         let reg = Arc::new(Registry::default());
@@ -245,13 +255,7 @@ mod tests {
         s.rails[0].tx_bytes = 64 << 20;
         assert!(!s.data_allowed(0), "the fast rail's window is full");
         assert!(s.leaves_lone_share(1));
-        let write = Request::Write {
-            local: vec![r.as_sge()],
-            rkey: 7,
-            addr: 0,
-            imm: None,
-        };
-        s.post(2, write).unwrap();
+        s.post(2, whole_write(&r)).unwrap();
         assert!(!s.leaves_lone_share(1), "two operations: no lone one");
     }
 
@@ -263,13 +267,7 @@ mod tests {
         // Bytes counted for another operation do not consume this one's share.
         s.note_lone_sent(0, false, seq + 1, MIB);
         assert_eq!(s.lone_share_left(0), Some(left + MIB));
-        let write = Request::Write {
-            local: vec![r.as_sge()],
-            rkey: 7,
-            addr: 0,
-            imm: None,
-        };
-        s.post(2, write).unwrap();
+        s.post(2, whole_write(&r)).unwrap();
         assert_eq!(s.lone_share_left(0), None, "two operations: no lone one");
         assert!(!s.leaves_lone_share(0));
     }
@@ -374,13 +372,7 @@ mod tests {
     /// `setup` with a second write of 4 KiB posted behind the first.
     fn two_small_writes() -> (Session, Region) {
         let (mut s, r, _) = setup(4096);
-        let write = Request::Write {
-            local: vec![r.as_sge()],
-            rkey: 7,
-            addr: 0,
-            imm: None,
-        };
-        s.post(2, write).unwrap();
+        s.post(2, whole_write(&r)).unwrap();
         (s, r)
     }
 
@@ -398,13 +390,7 @@ mod tests {
         assert_eq!(s.small_op_rail(), Some(1));
         // A large operation at the head goes on any rail.
         let (mut s, r, _) = setup(MIN_CHUNK as usize + 1);
-        let write = Request::Write {
-            local: vec![r.as_sge()],
-            rkey: 7,
-            addr: 0,
-            imm: None,
-        };
-        s.post(2, write).unwrap();
+        s.post(2, whole_write(&r)).unwrap();
         assert_eq!(s.small_op_rail(), None);
         assert!(s.wants_transmit(0) && s.wants_transmit(1));
     }
