@@ -37,6 +37,9 @@ impl Transport for UnixLink {
     fn sample(&self) -> Option<LinkSample> {
         None
     }
+    fn kind(&self) -> &'static str {
+        "unix"
+    }
     fn shutdown(&self) {
         let _ = self.0.shutdown(std::net::Shutdown::Both);
     }

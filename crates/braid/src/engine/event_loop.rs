@@ -254,6 +254,13 @@ impl EngineLoop {
         if let Some((_, tokens)) = self.endpoints.get(&ep.id) {
             for (rail, t) in tokens.iter().enumerate() {
                 let fd = ep.rails[rail].fd();
+                // Such a link wakes the engine only when asked to, or when a blocked send
+                // has room again (which a writable-only interest would not see).
+                let interest = if ep.rails[rail].link().signals_when_armed() {
+                    Interest::READABLE | Interest::WRITABLE
+                } else {
+                    interest
+                };
                 let _ = self
                     .poll
                     .registry()

@@ -10,6 +10,7 @@ mod event_loop;
 pub(crate) mod io;
 mod linkwatch;
 mod rx;
+pub(crate) mod shm;
 pub(crate) mod transport;
 mod tx;
 
@@ -337,7 +338,9 @@ impl crate::cq::Driver for EndpointShared {
         if self.closed.load(Ordering::Acquire) {
             return;
         }
-        let want = {
+        // A blocked rail is tried again too: a link that signals only when asked (the
+        // same-host ring) woke this thread for room as for data.
+        let want = self.rails.iter().any(|r| r.tx_blocked.load(Ordering::Acquire)) || {
             let s = self.session.lock();
             (0..self.rails.len()).any(|r| s.wants_transmit(r))
         };

@@ -63,6 +63,10 @@ struct RxRail<'a> {
     ep: &'a EndpointShared,
     rail: usize,
     c: &'a mut RxCore,
+    /// The thread will sleep on the link when the loop ends (the engine, a thread about to
+    /// sleep on the rails), so a link that signals only when asked is armed first; a
+    /// busy-polling thread comes back by itself.
+    arm: bool,
 }
 
 enum RxState {
@@ -118,7 +122,10 @@ impl RxRail<'_> {
                         if self.c.drained {
                             self.set_lowat(1);
                             self.ep.session.lock().on_rx_idle(self.rail);
-                            return RxStep::Wait;
+                            match self.wait() {
+                                Some(step) => return step,
+                                None => continue,
+                            }
                         }
                         let want = if self.c.bulk { HEADER_LEN } else { RX_BUF };
                         let room = want.max(self.c.end + 1) - self.c.end;
@@ -136,7 +143,10 @@ impl RxRail<'_> {
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                                 self.set_lowat(1);
                                 self.ep.session.lock().on_rx_idle(self.rail);
-                                return RxStep::Wait;
+                                match self.wait() {
+                                    Some(step) => return step,
+                                    None => continue,
+                                }
                             }
                             Err(e) => return self.die(&format!("receive failed: {e}")),
                         }
@@ -157,7 +167,10 @@ impl RxRail<'_> {
                                 if waiting.is_some_and(|w| w < rest) {
                                     self.set_lowat(rest);
                                     self.c.state = RxState::Arriving(h);
-                                    return RxStep::Wait;
+                                    match self.wait() {
+                                        Some(step) => return step,
+                                        None => continue,
+                                    }
                                 }
                             }
                             if let Some(step) = self.offer(h) {
@@ -185,7 +198,10 @@ impl RxRail<'_> {
                     if self.c.drained && !place.fragile {
                         self.set_lowat((len - done).min(LOWAT_MAX));
                         self.c.state = RxState::Payload { place, len, done };
-                        return RxStep::Wait;
+                        match self.wait() {
+                            Some(step) => return step,
+                            None => continue,
+                        }
                     }
                     // The next frame's header comes in the same read (one system call less
                     // per frame, and a short read then tells that the socket is empty);
@@ -254,7 +270,10 @@ impl RxRail<'_> {
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             self.set_lowat((len - done).min(LOWAT_MAX));
                             self.c.state = RxState::Payload { place, len, done };
-                            return RxStep::Wait;
+                            match self.wait() {
+                                Some(step) => return step,
+                                None => continue,
+                            }
                         }
                         Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
                             // The destination's file pages were truncated: the operation
@@ -275,7 +294,10 @@ impl RxRail<'_> {
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             self.set_lowat(1);
                             self.c.state = RxState::Discard { left };
-                            return RxStep::Wait;
+                            match self.wait() {
+                                Some(step) => return step,
+                                None => continue,
+                            }
                         }
                         Err(e) => return self.die(&format!("receive failed: {e}")),
                     }
@@ -376,6 +398,23 @@ impl RxRail<'_> {
         }
     }
 
+    /// The link holds less than the loop waits for (`lowat` bytes): ends the loop, unless
+    /// this thread is about to sleep and the link, asked to signal, has the bytes already.
+    /// `None`: read again.
+    fn wait(&mut self) -> Option<RxStep> {
+        if !self.arm {
+            return Some(RxStep::Wait);
+        }
+        match self.c.link.arm(self.c.lowat) {
+            Ok(false) => Some(RxStep::Wait),
+            Ok(true) => {
+                self.c.drained = false;
+                None
+            }
+            Err(e) => Some(self.die(&format!("receive failed: {e}"))),
+        }
+    }
+
     fn payload_done(&mut self, _len: usize) {
         let mut s = self.ep.session.lock();
         let r = s.payload_done(self.rail);
@@ -416,6 +455,7 @@ impl EndpointShared {
             ep: self,
             rail,
             c: &mut c,
+            arm: true,
         }
         .run()
     }
@@ -427,6 +467,7 @@ impl EndpointShared {
                 ep: self,
                 rail,
                 c: &mut c,
+                arm: false,
             }
             .run();
         }

@@ -55,6 +55,23 @@ pub(crate) trait Transport: Send + Sync {
     fn bytes_waiting(&self) -> Option<usize> {
         None
     }
+    /// The caller found the link empty and is about to sleep on [`Transport::readiness_fd`]
+    /// until `want` bytes wait: a transport that signals readiness itself (the same-host
+    /// ring) asks the peer to ring from now on. True when that many bytes are there already
+    /// (read again instead of sleeping); an error once the link has ended. Kernel sockets
+    /// always signal, so the default does nothing. A busy-polling reader does not arm, and
+    /// its peer then writes with no system call.
+    fn arm(&self, _want: usize) -> io::Result<bool> {
+        Ok(false)
+    }
+    /// True when readiness is signalled only after [`Transport::arm`]: the engine then keeps
+    /// reading readiness while an application thread polls (it is woken only when it armed
+    /// the link itself, or when the peer made room for a blocked send).
+    fn signals_when_armed(&self) -> bool {
+        false
+    }
+    /// The transport's name, as reports show it (`tcp`, `shm`).
+    fn kind(&self) -> &'static str;
     /// Capacity and liveness of the link, if the transport knows them.
     fn sample(&self) -> Option<LinkSample>;
     /// What is wrong with the local device under the link, if anything (see
@@ -95,6 +112,10 @@ impl Tcp {
 impl Transport for Tcp {
     fn readiness_fd(&self) -> RawFd {
         self.stream.as_raw_fd()
+    }
+
+    fn kind(&self) -> &'static str {
+        "tcp"
     }
 
     fn send(&self, pieces: &[(*const u8, usize)], skip: usize) -> io::Result<usize> {
