@@ -144,8 +144,22 @@ fn main() {
         max_chunk: 128 << 10,
         session_id: 0x1234_5678_9abc_def0,
         nonce: *b"0123456789abcdef",
+        same_host: None,
     };
     write(d, "hello", &hello.encode());
+    write(
+        d,
+        "hello_same_host",
+        &Hello {
+            capabilities: caps::SAME_HOST,
+            same_host: Some(braid_proto::wire::SameHostOffer {
+                host: 0x0123_4567_89ab_cdef,
+                token: 42,
+            }),
+            ..hello
+        }
+        .encode(),
+    );
     write(
         d,
         "hello_plain",

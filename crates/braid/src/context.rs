@@ -5,6 +5,7 @@
 mod handshake;
 mod listener;
 mod redial;
+mod same_host;
 #[cfg(test)]
 mod tests;
 
@@ -14,7 +15,7 @@ use handshake::connect_rail;
 use redial::Redial;
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -23,7 +24,7 @@ use socket2::{Domain, Socket, Type};
 
 use crate::cq::CompletionQueue;
 use crate::endpoint::{Endpoint, EndpointOptions, RailAddr};
-use crate::engine::transport::{Tcp, Transport};
+use crate::engine::transport::Transport;
 use crate::engine::{Command, EndpointShared, Engine, RailIo};
 use crate::netns::NetNs;
 use braid_proto::Session;
@@ -90,6 +91,13 @@ impl ContextConfig {
             max_registered_bytes: None,
         })
     }
+}
+
+/// A rail whose handshake is done: its link, and the TCP addresses it was dialled over (a
+/// same-host ring keeps them as its name).
+pub(crate) struct RailLink {
+    pub(crate) link: Arc<dyn Transport>,
+    pub(crate) addrs: (SocketAddr, SocketAddr),
 }
 
 struct ContextInner {
@@ -248,10 +256,10 @@ impl Context {
         let session_id = random_u64();
         // Before dialling: the rails are dialled from this thread's namespace.
         let netns = NetNs::current();
-        let mut streams = Vec::new();
+        let mut links = Vec::new();
         let mut crc = opts.session.payload_crc;
         for (i, r) in rails.iter().enumerate() {
-            let (stream, peer_caps) = connect_rail(
+            let (link, peer_caps) = connect_rail(
                 r,
                 i as u16,
                 rails.len() as u16,
@@ -261,7 +269,7 @@ impl Context {
                 false,
             )?;
             crc = peer_caps & caps::PAYLOAD_CRC32C != 0;
-            streams.push(stream);
+            links.push(link);
         }
         let redial = Redial {
             rails: rails.to_vec(),
@@ -272,22 +280,17 @@ impl Context {
             busy: Mutex::new(0),
             netns,
         };
-        self.start_endpoint(streams, opts, crc, Some(redial))
+        self.start_endpoint(links, opts, crc, Some(redial))
     }
 
     fn start_endpoint(
         &self,
-        streams: Vec<TcpStream>,
+        rails: Vec<RailLink>,
         opts: &EndpointOptions,
         crc: bool,
         redial: Option<Redial>,
     ) -> Result<Endpoint, Error> {
-        let mut addrs = Vec::new();
-        let mut links: Vec<Arc<dyn Transport>> = Vec::new();
-        for s in streams {
-            addrs.push((s.local_addr()?, s.peer_addr()?));
-            links.push(Arc::new(Tcp::new(s)?));
-        }
+        let (links, addrs) = rails.into_iter().map(|r| (r.link, r.addrs)).unzip();
         self.start_endpoint_on(links, addrs, opts, crc, redial)
     }
 

@@ -86,6 +86,42 @@ pub struct EndpointOptions {
     pub session: SessionConfig,
     /// Bound on connecting and on each handshake step.
     pub connect_timeout: Duration,
+    /// Which transport carries the rails (by default from `BRAID_TRANSPORT`, else
+    /// [`RailTransport::Auto`]).
+    pub transport: RailTransport,
+}
+
+/// Environment variable choosing [`EndpointOptions::transport`]: `auto` or `tcp`.
+pub const TRANSPORT_ENV: &str = "BRAID_TRANSPORT";
+
+/// Which transport carries an endpoint's rails (as `UCX_TLS` chooses UCX's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RailTransport {
+    /// A rail whose two ends run in one kernel and one network namespace moves onto a
+    /// shared-memory ring after its TCP handshake (see `docs/PROTOCOL.md`, "Same-host
+    /// rails"); other rails stay TCP. Both ends must allow it.
+    #[default]
+    Auto,
+    /// Every rail stays a TCP connection (for comparisons, and tests of the TCP path).
+    Tcp,
+}
+
+impl RailTransport {
+    /// The choice `BRAID_TRANSPORT` names; [`RailTransport::Auto`] when unset. A value
+    /// that is neither `auto` nor `tcp` is reported and taken as `auto`.
+    pub fn from_env() -> RailTransport {
+        match std::env::var(TRANSPORT_ENV) {
+            Err(_) => RailTransport::Auto,
+            Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "tcp" => RailTransport::Tcp,
+                "auto" | "" => RailTransport::Auto,
+                other => {
+                    tracing::warn!("{TRANSPORT_ENV}={other}: expected auto or tcp; using auto");
+                    RailTransport::Auto
+                }
+            },
+        }
+    }
 }
 
 impl EndpointOptions {
@@ -96,6 +132,7 @@ impl EndpointOptions {
             recv_cq: cq.clone(),
             session: SessionConfig::default(),
             connect_timeout: Duration::from_secs(10),
+            transport: RailTransport::from_env(),
         }
     }
 
@@ -158,6 +195,12 @@ impl Endpoint {
     /// Payload bytes sent on each rail so far (how the striping shared the work).
     pub fn rail_bytes_sent(&self) -> Vec<u64> {
         self.shared.session.lock().rail_data_sent()
+    }
+
+    /// The transport carrying each rail now: `tcp`, or `shm` for a same-host ring (see
+    /// [`RailTransport`]).
+    pub fn rail_transports(&self) -> Vec<&'static str> {
+        self.shared.rails.iter().map(|r| r.kind()).collect()
     }
 
     /// The delivery rate observed on each rail, in bytes per second (0 while unknown).

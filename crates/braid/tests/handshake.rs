@@ -126,6 +126,7 @@ fn server_refuses_foreign_version_and_garbage_then_still_accepts() {
         max_chunk: 0,
         session_id: 5,
         nonce: [1; 16],
+        same_host: None,
     };
     s.write_all(&h.encode()).unwrap();
     let mut b = [0u8; HANDSHAKE_LEN];

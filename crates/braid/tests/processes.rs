@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use braid::{Access, Context, EndpointOptions, RailAddr, RemoteKey, Status};
+use braid::{Access, Context, EndpointOptions, RailAddr, RailTransport, RemoteKey, Status};
 use common::*;
 
 const ROLE: &str = "BRAID_TEST_CHILD_SERVER";
@@ -120,10 +120,23 @@ fn connect_with(
 
 #[test]
 fn two_processes_write_and_read() {
+    write_and_read_with(RailTransport::Auto, "shm");
+}
+
+#[test]
+fn two_processes_write_and_read_over_tcp() {
+    write_and_read_with(RailTransport::Tcp, "tcp");
+}
+
+/// Processes on one host share rings unless told to use TCP.
+fn write_and_read_with(transport: RailTransport, kind: &str) {
     let (_child, addrs) = spawn_server();
     let ctx = Context::new().unwrap();
     let cq = ctx.create_cq(256);
-    let (ep, key) = connect(&ctx, &cq, &addrs);
+    let mut opts = EndpointOptions::new(&cq);
+    opts.transport = transport;
+    let (ep, key) = connect_with(&ctx, &cq, &addrs, opts);
+    assert_eq!(ep.rail_transports(), vec![kind; RAILS]);
     let src = ctx.alloc_region(32 << 20, Access::all()).unwrap();
     let dst = ctx.alloc_region(32 << 20, Access::all()).unwrap();
     let data = pattern(3, 32 << 20);

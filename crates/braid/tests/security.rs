@@ -143,6 +143,7 @@ fn replayed_and_truncated_handshakes_are_refused() {
         max_chunk: 0,
         session_id: 42,
         nonce: [5; 16],
+        same_host: None,
     };
     // A genuine proof (the test knows the secret) is accepted...
     let (st, mac) = raw_handshake(addr, &hello, None, b"k");

@@ -160,9 +160,11 @@ pub struct Row {
 
 /// The table's heading for `op`.
 /// `relaxed`: the writes' placement (`None` where it does not apply).
+/// `transport`: what carries the rails (`tcp`, `shm`, or a mix as `tcp,shm`).
 pub fn header(
     op: Op,
     rails: usize,
+    transport: &str,
     depth: Option<usize>,
     verify: bool,
     baseline: bool,
@@ -179,7 +181,7 @@ pub fn header(
     };
     let line = "-".repeat(100);
     let mut s = format!(
-        "{line}\n {title} (braid, {rails} rail(s){}{}{})\n",
+        "{line}\n {title} (braid, {rails} rail(s) over {transport}{}{}{})\n",
         if op.is_lat() {
             String::new()
         } else {

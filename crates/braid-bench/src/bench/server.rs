@@ -57,8 +57,9 @@ pub fn run(args: &ServerArgs) -> Result<()> {
             Err(e) => return Err(e).context("accepting a client"),
         };
         eprintln!(
-            "client connected over {} rail(s) from {}",
+            "client connected over {} rail(s) ({}) from {}",
             ep.rail_count(),
+            ep.rail_transports().join(","),
             ep.rail_addrs()
                 .iter()
                 .map(|(_, r)| r.to_string())

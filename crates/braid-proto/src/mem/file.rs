@@ -258,6 +258,27 @@ pub unsafe fn copy_maybe_fragile(src: *const u8, dst: *mut u8, len: usize, fragi
     true
 }
 
+/// Copies up to `len` bytes from `src` to `dst`, either of which may be file pages a
+/// truncation took away; returns how many were copied before the first page that could not
+/// be touched (`len` when all were). The copy goes through the kernel (`process_vm_writev`
+/// on this process), which reports such a page instead of raising `SIGBUS`.
+///
+/// # Safety
+/// Both ranges must be mapped memory of at least `len` bytes (file pages may be truncated),
+/// and must not overlap.
+pub unsafe fn copy_checked(src: *const u8, dst: *mut u8, len: usize) -> usize {
+    let mut done = 0;
+    while done < len {
+        // SAFETY: done < len, inside both ranges.
+        let (s, d) = unsafe { (src.add(done), dst.add(done)) };
+        match vm_copy(s as *mut u8, d, len - done, true) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => done += n,
+        }
+    }
+    done
+}
+
 /// Bytes [`crc32c_raw`] copies out and sums at a time: small enough to stay in the first
 /// level cache between the copy and the sum.
 const CRC_BLOCK: usize = 16 << 10;

@@ -15,7 +15,7 @@ pub const HELLO_MAGIC: [u8; 8] = *b"BRAIDRMA";
 /// Magic that opens a [`HelloReply`].
 pub const REPLY_MAGIC: [u8; 8] = *b"BRAIDACK";
 /// Version of the handshake and frame format spoken by this build.
-pub const HANDSHAKE_VERSION: u16 = 3;
+pub const HANDSHAKE_VERSION: u16 = 4;
 /// Magic that opens an [`AuthProof`].
 pub const AUTH_MAGIC: [u8; 8] = *b"BRAIDAUT";
 /// Size in bytes of every handshake message.
@@ -35,6 +35,22 @@ pub mod caps {
     pub const AUTH: u32 = 1 << 1;
     /// The rail re-joins the existing session `session_id` in place of a failed rail.
     pub const REJOIN: u32 = 1 << 2;
+    /// Hello: the connecting side offers to move the rail onto a shared-memory ring and
+    /// says where it runs ([`super::SameHostOffer`]). Reply: the accepting side runs there
+    /// too, and takes the offer.
+    pub const SAME_HOST: u32 = 1 << 3;
+}
+
+/// The connecting side's offer of a same-host rail, in a [`Hello`] whose capabilities
+/// include [`caps::SAME_HOST`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SameHostOffer {
+    /// Identity of the kernel and network namespace the connecting side runs in (a hash of
+    /// the boot id and the namespace's inode): only an acceptor with the same identity
+    /// takes the offer.
+    pub host: u64,
+    /// Names the Unix socket on which the connecting side hands over the ring.
+    pub token: u64,
 }
 
 /// Sent by the connecting side of a rail.
@@ -52,8 +68,11 @@ pub struct Hello {
     pub max_chunk: u32,
     /// Random id that joins the rails of one endpoint.
     pub session_id: u64,
-    /// Fresh random nonce of the connecting side (used when authenticating).
+    /// Fresh random nonce of the connecting side (used when authenticating, and as the
+    /// proof that takes a same-host ring).
     pub nonce: [u8; NONCE_LEN],
+    /// The offer of a same-host rail (sent with [`caps::SAME_HOST`]).
+    pub same_host: Option<SameHostOffer>,
 }
 
 /// The accepting side's answer.
@@ -228,9 +247,10 @@ mod field {
     pub(super) const CAPABILITIES: Range<usize> = 16..20;
     pub(super) const MAX_CHUNK: Range<usize> = 20..24;
     pub(super) const SESSION_ID: Range<usize> = 24..32;
-    /// Hello: the nonce, then reserved zeros.
+    /// Hello: the nonce, then the same-host offer (zeros without one).
     pub(super) const NONCE: Range<usize> = 32..48;
-    pub(super) const HELLO_RESERVED: Range<usize> = 48..64;
+    pub(super) const SAME_HOST_ID: Range<usize> = 48..56;
+    pub(super) const SAME_HOST_TOKEN: Range<usize> = 56..64;
     /// Reply: the accepting side's proof (or zeros).
     pub(super) const AUTH: Range<usize> = 32..64;
     /// Proof: reserved zeros after the magic, then the MAC.
@@ -306,6 +326,10 @@ impl Hello {
         }
         .put(&mut b, HELLO_MAGIC);
         put(&mut b, field::NONCE, &self.nonce);
+        if let Some(o) = self.same_host {
+            put(&mut b, field::SAME_HOST_ID, &o.host.to_le_bytes());
+            put(&mut b, field::SAME_HOST_TOKEN, &o.token.to_le_bytes());
+        }
         b
     }
 
@@ -313,10 +337,21 @@ impl Hello {
     /// version with [`HandshakeStatus::VersionUnsupported`].
     pub fn decode(b: &[u8]) -> Result<Hello, HandshakeError> {
         let c = Common::get(b, HELLO_MAGIC)?;
-        if b[field::HELLO_RESERVED].iter().any(|&x| x != 0) {
+        let same_host = if c.capabilities & caps::SAME_HOST != 0 {
+            Some(SameHostOffer {
+                host: get_u64(b, field::SAME_HOST_ID),
+                token: get_u64(b, field::SAME_HOST_TOKEN),
+            })
+        } else if b[field::SAME_HOST_ID.start..field::SAME_HOST_TOKEN.end]
+            .iter()
+            .any(|&x| x != 0)
+        {
             return Err(HandshakeError::Reserved);
-        }
+        } else {
+            None
+        };
         Ok(Hello {
+            same_host,
             nonce: get_array(b, field::NONCE),
             version: c.version,
             rail_index: c.rail_index,
@@ -406,7 +441,7 @@ mod tests {
         let hello: Vec<_> = common
             .iter()
             .cloned()
-            .chain([NONCE, HELLO_RESERVED])
+            .chain([NONCE, SAME_HOST_ID, SAME_HOST_TOKEN])
             .collect();
         let reply: Vec<_> = common.iter().cloned().chain([AUTH]).collect();
         assert!(tiles(&hello, HANDSHAKE_LEN));
@@ -425,8 +460,22 @@ mod tests {
             max_chunk: 1 << 18,
             session_id: 0x1234_5678_9abc,
             nonce: [7; 16],
+            same_host: None,
         };
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
+        let offer = Hello {
+            capabilities: caps::SAME_HOST,
+            same_host: Some(SameHostOffer {
+                host: u64::MAX - 3,
+                token: 0x0102_0304_0506_0708,
+            }),
+            ..h
+        };
+        assert_eq!(Hello::decode(&offer.encode()), Ok(offer));
+        // Offer bytes without the capability are not zeros where zeros belong.
+        let mut b = offer.encode();
+        b[16..20].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(Hello::decode(&b), Err(HandshakeError::Reserved));
         let r = HelloReply {
             version: 1,
             rail_index: 2,
@@ -459,6 +508,7 @@ mod tests {
             max_chunk: 0,
             session_id: 1,
             nonce: [0; 16],
+            same_host: None,
         };
         // A hello is not a reply and vice versa.
         assert!(matches!(

@@ -6,4 +6,4 @@ mod layout;
 pub mod sgl;
 
 pub use frame::{FrameError, FrameHeader, HEADER_LEN, Opcode, PROTOCOL_VERSION, WireStatus};
-pub use handshake::{HandshakeError, HandshakeStatus, Hello, HelloReply};
+pub use handshake::{HandshakeError, HandshakeStatus, Hello, HelloReply, SameHostOffer};

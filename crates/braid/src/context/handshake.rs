@@ -3,10 +3,16 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Instant;
 
 use socket2::{Domain, Socket, Type};
 
-use crate::endpoint::{EndpointOptions, RailAddr};
+use super::RailLink;
+use super::same_host::Offer;
+use crate::endpoint::{EndpointOptions, RailAddr, RailTransport};
+use crate::engine::shm::DEFAULT_RING_BYTES;
+use crate::engine::transport::Tcp;
 use braid_proto::error::Error;
 use braid_proto::mem::registry::random_u64;
 use braid_proto::wire::handshake::{
@@ -22,8 +28,9 @@ pub(super) fn nonce() -> [u8; NONCE_LEN] {
     n
 }
 
-/// Connects one rail and runs the connecting side of its handshake; returns the stream and
-/// the capabilities the accepting side granted.
+/// Connects one rail and runs the connecting side of its handshake; returns the rail's link
+/// (TCP, or a same-host ring when the acceptor took the offer) and the capabilities the
+/// accepting side granted.
 pub(super) fn connect_rail(
     r: &RailAddr,
     index: u16,
@@ -32,7 +39,8 @@ pub(super) fn connect_rail(
     opts: &EndpointOptions,
     secret: Option<&[u8]>,
     rejoin: bool,
-) -> Result<(TcpStream, u32), Error> {
+) -> Result<(RailLink, u32), Error> {
+    let deadline = Instant::now() + opts.connect_timeout;
     let s = Socket::new(Domain::for_address(r.remote), Type::STREAM, None)?;
     if let Some(local) = r.local {
         s.bind(&local.into()).map_err(|e| {
@@ -63,6 +71,13 @@ pub(super) fn connect_rail(
     if rejoin {
         capabilities |= caps::REJOIN;
     }
+    let offer = match opts.transport {
+        RailTransport::Auto => Offer::new(session_id, index, DEFAULT_RING_BYTES),
+        RailTransport::Tcp => None,
+    };
+    if offer.is_some() {
+        capabilities |= caps::SAME_HOST;
+    }
     let hello = Hello {
         version: HANDSHAKE_VERSION,
         rail_index: index,
@@ -71,6 +86,7 @@ pub(super) fn connect_rail(
         max_chunk: opts.session.chunk_size as u32,
         session_id,
         nonce: nonce(),
+        same_host: offer.as_ref().map(Offer::wire),
     };
     stream.write_all(&hello.encode())?;
     let peer = r.remote;
@@ -144,9 +160,17 @@ pub(super) fn connect_rail(
             });
         }
     }
-    stream.set_read_timeout(None)?;
-    stream.set_write_timeout(None)?;
-    Ok((stream, reply.capabilities))
+    let addrs = (stream.local_addr()?, stream.peer_addr()?);
+    let link: Arc<dyn crate::engine::transport::Transport> =
+        match offer.filter(|_| reply.capabilities & caps::SAME_HOST != 0) {
+            Some(offer) => Arc::new(offer.complete(&hello.nonce, &stream, deadline)?),
+            None => {
+                stream.set_read_timeout(None)?;
+                stream.set_write_timeout(None)?;
+                Arc::new(Tcp::new(stream)?)
+            }
+        };
+    Ok((RailLink { link, addrs }, reply.capabilities))
 }
 
 fn read_reply(stream: &mut TcpStream, peer: SocketAddr) -> Result<HelloReply, Error> {

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::Context;
 use super::handshake::nonce;
-use crate::endpoint::{Endpoint, EndpointOptions};
+use super::{Context, RailLink, same_host};
+use crate::endpoint::{Endpoint, EndpointOptions, RailTransport};
 use crate::engine::Command;
-use crate::engine::transport::Tcp;
+use crate::engine::transport::{Tcp, Transport};
 use braid_proto::error::Error;
 use braid_proto::wire::handshake::{
     AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, MAC_LEN, MAX_RAILS, NONCE_LEN, auth_mac,
@@ -80,7 +80,7 @@ fn write_handshake(stream: &mut TcpStream, msg: &[u8], deadline: Instant) -> Res
 }
 
 struct PendingSession {
-    rails: Vec<Option<TcpStream>>,
+    rails: Vec<Option<RailLink>>,
     since: Instant,
 }
 
@@ -105,10 +105,13 @@ struct ListenerShared {
     sockets: Vec<TcpListener>,
     pending: Mutex<HashMap<u64, PendingSession>>,
     /// Sessions whose rails have all arrived: (rails, payload CRC, session id).
-    ready: Mutex<std::collections::VecDeque<(Vec<TcpStream>, bool, u64)>>,
+    ready: Mutex<std::collections::VecDeque<(Vec<RailLink>, bool, u64)>>,
     ready_cv: parking_lot::Condvar,
     /// The acceptor asks for payload CRCs (set from the options of `accept`).
     want_crc: AtomicBool,
+    /// Same-host offers are taken (`EndpointOptions::transport` of `accept`; before the
+    /// first `accept`, `BRAID_TRANSPORT`).
+    take_same_host: AtomicBool,
     chunk_size: std::sync::atomic::AtomicU32,
     closed: AtomicBool,
     /// Connections whose handshake is in progress.
@@ -152,6 +155,7 @@ impl Listener {
             ready: Mutex::new(std::collections::VecDeque::new()),
             ready_cv: parking_lot::Condvar::new(),
             want_crc: AtomicBool::new(false),
+            take_same_host: AtomicBool::new(RailTransport::from_env() == RailTransport::Auto),
             chunk_size: std::sync::atomic::AtomicU32::new(
                 braid_proto::SessionConfig::default().chunk_size as u32,
             ),
@@ -184,6 +188,8 @@ impl Listener {
         let sh = &self.shared;
         sh.want_crc
             .store(opts.session.payload_crc, Ordering::Release);
+        sh.take_same_host
+            .store(opts.transport == RailTransport::Auto, Ordering::Release);
         sh.chunk_size
             .store(opts.session.chunk_size as u32, Ordering::Release);
         let deadline = Instant::now() + timeout;
@@ -351,7 +357,7 @@ impl ListenerShared {
         from: SocketAddr,
         id: u64,
         deadline: Instant,
-    ) -> Result<Option<(Vec<TcpStream>, bool, u64)>, Error> {
+    ) -> Result<Option<(Vec<RailLink>, bool, u64)>, Error> {
         stream.set_nonblocking(false)?;
         let mut buf = [0u8; HANDSHAKE_LEN];
         read_handshake(&mut stream, &mut buf, deadline)?;
@@ -436,6 +442,34 @@ impl ListenerShared {
                 hello.rail_index,
             );
         }
+        // A same-host offer is taken when both ends run in one kernel and one network
+        // namespace (the testbed's hosts are namespaces of one machine: not them).
+        let same_host = hello.same_host.filter(|o| {
+            self.take_same_host.load(Ordering::Acquire)
+                && same_host::host_identity() == Some(o.host)
+        });
+        if same_host.is_some() {
+            reply.capabilities |= caps::SAME_HOST;
+        }
+        // After the reply: the link the rail runs on.
+        let link = |stream: TcpStream| -> Result<RailLink, Error> {
+            let addrs = (stream.local_addr()?, stream.peer_addr()?);
+            let link: Arc<dyn Transport> = match same_host {
+                Some(o) => Arc::new(same_host::take_ring(
+                    hello.session_id,
+                    hello.rail_index,
+                    o,
+                    &hello.nonce,
+                    deadline,
+                )?),
+                None => {
+                    stream.set_read_timeout(None)?;
+                    stream.set_write_timeout(None)?;
+                    Arc::new(Tcp::new(stream)?)
+                }
+            };
+            Ok(RailLink { link, addrs })
+        };
         if hello.capabilities & caps::REJOIN != 0 {
             // A failed rail of an endpoint accepted earlier comes back.
             let ep = self
@@ -453,19 +487,18 @@ impl ListenerShared {
                     status,
                 });
             };
-            reply.capabilities = if ep.session.lock().config().payload_crc {
-                caps::PAYLOAD_CRC32C
-            } else {
-                0
-            };
+            reply.capabilities = (reply.capabilities & caps::SAME_HOST)
+                | if ep.session.lock().config().payload_crc {
+                    caps::PAYLOAD_CRC32C
+                } else {
+                    0
+                };
             self.commit(id, from)?;
             write_handshake(&mut stream, &reply.encode(), deadline)?;
-            stream.set_read_timeout(None)?;
-            stream.set_write_timeout(None)?;
             self.ctx.inner.engine.send(Command::Restore {
                 id: ep.id,
                 rail: hello.rail_index as usize,
-                link: Arc::new(Tcp::new(stream)?),
+                link: link(stream)?.link,
             });
             return Ok(None);
         }
@@ -492,9 +525,19 @@ impl ListenerShared {
         reply.status = HandshakeStatus::Accepted;
         self.commit(id, from)?;
         write_handshake(&mut stream, &reply.encode(), deadline)?;
-        stream.set_read_timeout(None)?;
-        stream.set_write_timeout(None)?;
-        p.rails[idx] = Some(stream);
+        // Not under the table's lock: taking a ring waits for the peer.
+        drop(pending);
+        let rail = link(stream)?;
+        let mut pending = self.pending.lock();
+        let Some(p) = pending
+            .get_mut(&hello.session_id)
+            .filter(|p| p.rails[idx].is_none())
+        else {
+            return Err(Error::InvalidArgument(
+                "the session was dropped while its rail was set up".into(),
+            ));
+        };
+        p.rails[idx] = Some(rail);
         if p.rails.iter().all(Option::is_some) {
             let p = pending.remove(&hello.session_id).expect("present");
             return Ok(Some((

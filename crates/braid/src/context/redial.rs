@@ -9,7 +9,6 @@ use parking_lot::Mutex;
 
 use super::handshake::connect_rail;
 use crate::endpoint::{EndpointOptions, RailAddr};
-use crate::engine::transport::Tcp;
 use crate::engine::{Command, EndpointShared};
 use crate::netns::NetNs;
 
@@ -78,17 +77,14 @@ impl Redial {
                 true,
             );
             match attempt {
-                Ok((stream, _)) => match Tcp::new(stream) {
-                    Ok(link) => {
-                        self.engine.send(Command::Restore {
-                            id: shared.id,
-                            rail,
-                            link: Arc::new(link),
-                        });
-                        break;
-                    }
-                    Err(e) => tracing::debug!(endpoint = shared.id, rail, "re-dial failed: {e}"),
-                },
+                Ok((r, _)) => {
+                    self.engine.send(Command::Restore {
+                        id: shared.id,
+                        rail,
+                        link: r.link,
+                    });
+                    break;
+                }
                 Err(e) => tracing::debug!(endpoint = shared.id, rail, "re-dial failed: {e}"),
             }
         }

@@ -16,7 +16,12 @@ impl Transport for UnixLink {
     fn readiness_fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
-    fn send(&self, pieces: &[(*const u8, usize)], skip: usize) -> std::io::Result<usize> {
+    fn send(
+        &self,
+        pieces: &[(*const u8, usize)],
+        skip: usize,
+        _fragile: bool,
+    ) -> std::io::Result<usize> {
         send_pieces(self.0.as_raw_fd(), pieces, skip)
     }
     fn recv_pieces(
@@ -24,6 +29,7 @@ impl Transport for UnixLink {
         pieces: &[(*mut u8, usize)],
         skip: usize,
         tail: Option<(*mut u8, usize)>,
+        _fragile: bool,
     ) -> std::io::Result<Received> {
         recv_pieces(self.0.as_raw_fd(), pieces, skip, tail)
     }

@@ -98,6 +98,11 @@ impl RailIo {
         self.tx.lock().link.clone()
     }
 
+    /// The current link's transport name.
+    pub(crate) fn kind(&self) -> &'static str {
+        self.tx.lock().link.kind()
+    }
+
     /// Puts a new link in place of the old one (which is closed when its last user lets
     /// go), with fresh transmit and receive state.
     fn replace(&self, link: Arc<dyn Transport>) {
@@ -340,10 +345,14 @@ impl crate::cq::Driver for EndpointShared {
         }
         // A blocked rail is tried again too: a link that signals only when asked (the
         // same-host ring) woke this thread for room as for data.
-        let want = self.rails.iter().any(|r| r.tx_blocked.load(Ordering::Acquire)) || {
-            let s = self.session.lock();
-            (0..self.rails.len()).any(|r| s.wants_transmit(r))
-        };
+        let want = self
+            .rails
+            .iter()
+            .any(|r| r.tx_blocked.load(Ordering::Acquire))
+            || {
+                let s = self.session.lock();
+                (0..self.rails.len()).any(|r| s.wants_transmit(r))
+            };
         if want {
             self.flush_all();
         }

@@ -219,7 +219,11 @@ impl RxRail<'_> {
                     };
                     let tail = (room > 0 && end + room <= RX_BUF)
                         .then(|| (self.c.buf[end..end + room].as_mut_ptr(), room));
-                    match self.c.link.recv_pieces(&place.iov, done, tail) {
+                    match self
+                        .c
+                        .link
+                        .recv_pieces(&place.iov, done, tail, place.fragile)
+                    {
                         Ok(Received { got: 0, asked }) => {
                             return self.die(if asked > 0 {
                                 "peer closed the connection"

@@ -131,14 +131,11 @@ impl RingFile {
         rustix::fs::ftruncate(&fd, len as u64)?;
         // Neither side can shrink the file under the other's mapping (a fault there would
         // be SIGBUS), nor change that.
-        rustix::fs::fcntl_add_seals(
-            &fd,
-            SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
-        )?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         let map = map_shared(&fd, len)?;
-        for d in 0..2 {
+        for off in CTRL_OFFSET {
             // SAFETY: the control page is mapped and large enough (asserted above).
-            unsafe { &*(map.base.add(CTRL_OFFSET[d]) as *const Ctrl) }
+            unsafe { &*(map.base.add(off) as *const Ctrl) }
                 .magic
                 .store(RING_MAGIC, Ordering::Release);
         }
@@ -155,7 +152,9 @@ impl RingFile {
         let bad = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
         let seals = rustix::fs::fcntl_get_seals(&fd)?;
         if !seals.contains(SealFlags::SHRINK | SealFlags::SEAL) {
-            return Err(bad("the peer's ring file is not sealed against shrinking".into()));
+            return Err(bad(
+                "the peer's ring file is not sealed against shrinking".into()
+            ));
         }
         let len = rustix::fs::fstat(&fd)?.st_size as usize;
         let ring_bytes = len.saturating_sub(CTRL_BYTES) / 2;
@@ -163,12 +162,14 @@ impl RingFile {
             || !ring_bytes.is_power_of_two()
             || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&ring_bytes)
         {
-            return Err(bad(format!("the peer's ring file has a bad size ({len} bytes)")));
+            return Err(bad(format!(
+                "the peer's ring file has a bad size ({len} bytes)"
+            )));
         }
         let map = map_shared(&fd, len)?;
-        for d in 0..2 {
+        for off in CTRL_OFFSET {
             // SAFETY: as in `create`.
-            let magic = unsafe { &*(map.base.add(CTRL_OFFSET[d]) as *const Ctrl) }
+            let magic = unsafe { &*(map.base.add(off) as *const Ctrl) }
                 .magic
                 .load(Ordering::Acquire);
             if magic != RING_MAGIC {
@@ -234,23 +235,46 @@ impl Ring {
     }
 
     /// Copies `len` bytes between `buf` and the ring at stream position `at` (wrapping);
-    /// into the ring when `into_ring`.
+    /// into the ring when `into_ring`. With `checked`, `buf` may be file pages a truncation
+    /// took away: the copy goes through the kernel and stops at such a page. Returns the
+    /// bytes copied (`len` unless a page stopped it).
     ///
-    /// SAFETY: `buf` is valid for `len` bytes and `len` does not exceed the ring's size.
-    unsafe fn copy(&self, at: u64, buf: *mut u8, len: usize, into_ring: bool) {
+    /// SAFETY: `buf` is valid for `len` bytes (but for truncated file pages when
+    /// `checked`), and `len` does not exceed the ring's size.
+    unsafe fn copy(
+        &self,
+        at: u64,
+        buf: *mut u8,
+        len: usize,
+        into_ring: bool,
+        checked: bool,
+    ) -> usize {
         let off = (at & self.mask) as usize;
         let first = len.min(self.cap() as usize - off);
+        let mut done = 0;
         // SAFETY: `off + first` and `len - first` stay within the data area.
-        unsafe {
-            let (a, b) = (self.data.add(off), self.data);
-            if into_ring {
-                std::ptr::copy_nonoverlapping(buf, a, first);
-                std::ptr::copy_nonoverlapping(buf.add(first), b, len - first);
+        for (ring, n) in unsafe { [(self.data.add(off), first), (self.data, len - first)] } {
+            // SAFETY: `done + n <= len`.
+            let b = unsafe { buf.add(done) };
+            let (src, dst) = if into_ring {
+                (b as *const u8, ring)
             } else {
-                std::ptr::copy_nonoverlapping(a, buf, first);
-                std::ptr::copy_nonoverlapping(b, buf.add(first), len - first);
+                (ring as *const u8, b)
+            };
+            let got = if checked {
+                // SAFETY: as the function's contract; the kernel checks the file pages.
+                unsafe { braid_proto::mem::file::copy_checked(src, dst, n) }
+            } else {
+                // SAFETY: both valid for `n` bytes, and distinct memory.
+                unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+                n
+            };
+            done += got;
+            if got < n {
+                break;
             }
         }
+        done
     }
 }
 
@@ -368,7 +392,11 @@ impl ShmLink {
     }
 
     /// Copies out up to `len` bytes into the pieces; `WouldBlock` when the ring is empty.
-    fn take(&self, mut out: impl FnMut(&Ring, u64, usize) -> usize, len: usize) -> io::Result<usize> {
+    fn take(
+        &self,
+        mut out: impl FnMut(&Ring, u64, usize) -> usize,
+        len: usize,
+    ) -> io::Result<usize> {
         let tail = self.rx.mine.load(Ordering::Relaxed);
         let head = self.rx.ctrl().head.load(Ordering::Acquire);
         let avail = self.rx.used(head, tail)?;
@@ -408,7 +436,7 @@ impl Transport for ShmLink {
         self.bell.as_raw_fd()
     }
 
-    fn send(&self, pieces: &[(*const u8, usize)], skip: usize) -> io::Result<usize> {
+    fn send(&self, pieces: &[(*const u8, usize)], skip: usize, fragile: bool) -> io::Result<usize> {
         self.check_open()?;
         let c = self.tx.ctrl();
         let head = self.tx.mine.load(Ordering::Relaxed);
@@ -426,8 +454,19 @@ impl Transport for ShmLink {
             let take = len.min(room as usize - n);
             // SAFETY: the piece is valid for `off + len` bytes (the caller's contract);
             // `take` fits the ring's free space.
-            unsafe { self.tx.copy(head + n as u64, p.add(off) as *mut u8, take, true) };
-            n += take;
+            let got = unsafe {
+                self.tx
+                    .copy(head + n as u64, p.add(off) as *mut u8, take, true, fragile)
+            };
+            n += got;
+            if got < take {
+                // A truncated file page: what came before it goes; the fault is reported
+                // when it is all that is left.
+                if n == 0 {
+                    return Err(io::Error::from_raw_os_error(libc::EFAULT));
+                }
+                break;
+            }
             if n == room as usize {
                 break;
             }
@@ -452,6 +491,7 @@ impl Transport for ShmLink {
         pieces: &[(*mut u8, usize)],
         skip: usize,
         tail: Option<(*mut u8, usize)>,
+        fragile: bool,
     ) -> io::Result<Received> {
         let asked: usize = runs(pieces, skip).map(|r| r.2).sum::<usize>() + tail.map_or(0, |t| t.1);
         let got = self.take(
@@ -462,16 +502,24 @@ impl Transport for ShmLink {
                         break;
                     }
                     let take = len.min(n);
-                    // SAFETY: the caller's pieces are valid for their lengths; `take` is
-                    // within both the piece and the bytes available.
-                    unsafe { ring.copy(pos, p.add(off), take, false) };
-                    pos += take as u64;
-                    n -= take;
+                    // SAFETY: the caller's pieces are valid for their lengths (file pages
+                    // aside, when `fragile`); `take` is within both the piece and the bytes
+                    // available.
+                    let got = unsafe { ring.copy(pos, p.add(off), take, false, fragile) };
+                    pos += got as u64;
+                    n -= got;
+                    if got < take {
+                        break;
+                    }
                 }
                 (pos - at) as usize
             },
             asked,
         )?;
+        if got == 0 && asked > 0 {
+            // The bytes are there (`take` saw them) but the first page took none.
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
         Ok(Received { got, asked })
     }
 
@@ -480,8 +528,7 @@ impl Transport for ShmLink {
         self.take(
             |ring, at, n| {
                 // SAFETY: `n` is at most the buffer's length.
-                unsafe { ring.copy(at, p, n, false) };
-                n
+                unsafe { ring.copy(at, p, n, false, false) }
             },
             buf.len(),
         )

@@ -37,14 +37,18 @@ pub(crate) trait Transport: Send + Sync {
     /// when [`Transport::send`] can take more. Edge-triggered; stable for the link's life.
     fn readiness_fd(&self) -> RawFd;
     /// Sends from `pieces` starting `skip` bytes in; returns the bytes taken.
-    /// `WouldBlock` when the link is full; `EFAULT` when a piece's file page was truncated.
-    fn send(&self, pieces: &[(*const u8, usize)], skip: usize) -> io::Result<usize>;
-    /// Receives into `pieces` starting `skip` bytes in, then into `tail`.
+    /// `WouldBlock` when the link is full; `EFAULT` when a piece's file page was truncated
+    /// (before any byte was taken; a count short of it otherwise). `fragile`: some pieces
+    /// may be file pages, which a transport must not read from user space.
+    fn send(&self, pieces: &[(*const u8, usize)], skip: usize, fragile: bool) -> io::Result<usize>;
+    /// Receives into `pieces` starting `skip` bytes in, then into `tail`. `fragile`: the
+    /// pieces may be file pages (see [`Transport::send`]); `EFAULT` as there.
     fn recv_pieces(
         &self,
         pieces: &[(*mut u8, usize)],
         skip: usize,
         tail: Option<(*mut u8, usize)>,
+        fragile: bool,
     ) -> io::Result<Received>;
     /// Receives into `buf`; 0 when the peer closed the link. `WouldBlock` when empty.
     fn recv(&self, buf: &mut [u8]) -> io::Result<usize>;
@@ -118,7 +122,12 @@ impl Transport for Tcp {
         "tcp"
     }
 
-    fn send(&self, pieces: &[(*const u8, usize)], skip: usize) -> io::Result<usize> {
+    fn send(
+        &self,
+        pieces: &[(*const u8, usize)],
+        skip: usize,
+        _fragile: bool,
+    ) -> io::Result<usize> {
         send_pieces(self.stream.as_raw_fd(), pieces, skip)
     }
 
@@ -127,6 +136,7 @@ impl Transport for Tcp {
         pieces: &[(*mut u8, usize)],
         skip: usize,
         tail: Option<(*mut u8, usize)>,
+        _fragile: bool,
     ) -> io::Result<Received> {
         recv_pieces(self.stream.as_raw_fd(), pieces, skip, tail)
     }

@@ -112,11 +112,13 @@ impl EndpointShared {
                 return Ok(Flush::Idle);
             }
             let mut pieces = Vec::with_capacity(2 * tx.batch.len());
+            let mut fragile = false;
             for t in tx.batch.iter().take(if tx.solo { 1 } else { usize::MAX }) {
                 pieces.push((t.header.as_ptr(), HEADER_LEN));
                 pieces.extend_from_slice(&t.payload);
+                fragile |= t.fragile();
             }
-            match tx.link.send(&pieces, tx.off) {
+            match tx.link.send(&pieces, tx.off, fragile) {
                 Ok(n) => {
                     tx.off += n;
                     if tx.solo && tx.batch.front().is_some_and(|t| t.len() <= tx.off) {

@@ -156,9 +156,13 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
             println!("{s}");
         }
     };
+    let mut transports = peer.ep.rail_transports();
+    transports.dedup();
+    let transport = transports.join(",");
     say(&output::header(
         op,
         rails.len(),
+        &transport,
         plan.depth,
         a.verify,
         a.baseline,
@@ -233,12 +237,15 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
         struct Doc<'a> {
             op: &'a str,
             rails: usize,
+            /// What carried the rails: `tcp`, `shm` (same-host rings), or both.
+            transport: &'a str,
             rail_addrs: Vec<String>,
             results: &'a [Row],
         }
         let doc = Doc {
             op: op.name(),
             rails: rails.len(),
+            transport: &transport,
             rail_addrs: a
                 .rails
                 .iter()

@@ -223,6 +223,14 @@ impl Transmit {
     pub fn is_empty(&self) -> bool {
         false
     }
+
+    /// The payload is file pages, which a truncation can take away: the driver must read
+    /// them only with system calls (a kernel socket does), never from user space (a
+    /// `SIGBUS`), and reports a failed read (`EFAULT`) with
+    /// [`Session::transmit_faulted`](super::Session::transmit_faulted).
+    pub fn fragile(&self) -> bool {
+        self._keep.as_ref().is_some_and(Keep::fragile)
+    }
 }
 
 /// Where an incoming payload goes: memory pieces in order, kept alive by the session

@@ -33,7 +33,8 @@ fn rung(link: &ShmLink, within: Duration) -> bool {
 }
 
 fn send_all(l: &ShmLink, data: &[u8]) -> usize {
-    l.send(&[(data.as_ptr(), data.len())], 0).unwrap_or(0)
+    l.send(&[(data.as_ptr(), data.len())], 0, false)
+        .unwrap_or(0)
 }
 
 #[test]
@@ -50,7 +51,6 @@ fn bytes_come_out_in_order_across_wrap_around_and_a_full_ring_pushes_back() {
     let src: Vec<u8> = (0..total).map(|i| (i * 7 + i / 251) as u8).collect();
     let mut dst = vec![0u8; total];
     let (mut sent, mut got) = (0, 0);
-    let mut blocked = 0;
     while got < total {
         if sent < total {
             // Sends of odd sizes, gathered from two pieces.
@@ -60,12 +60,12 @@ fn bytes_come_out_in_order_across_wrap_around_and_a_full_ring_pushes_back() {
                 (src[sent..].as_ptr(), half),
                 (src[sent + half..].as_ptr(), len - half),
             ];
-            match a.send(&pieces, 0) {
+            match a.send(&pieces, 0, false) {
                 Ok(n) => {
                     assert!(n <= len);
                     sent += n;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked += 1,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => panic!("send: {e}"),
             }
         }
@@ -85,10 +85,9 @@ fn bytes_come_out_in_order_across_wrap_around_and_a_full_ring_pushes_back() {
     let big = vec![5u8; SMALL + 1];
     assert_eq!(send_all(&a, &big), SMALL);
     assert_eq!(
-        a.send(&[(big.as_ptr(), 1)], 0).unwrap_err().kind(),
+        a.send(&[(big.as_ptr(), 1)], 0, false).unwrap_err().kind(),
         io::ErrorKind::WouldBlock
     );
-    let _ = blocked;
 }
 
 #[test]
@@ -100,7 +99,7 @@ fn received_pieces_fill_in_order_then_the_tail() {
     let pieces = [(p1.as_mut_ptr(), 100), (p2.as_mut_ptr(), 100)];
     // Skip 30 bytes of the first piece (already filled by an earlier read).
     let r = b
-        .recv_pieces(&pieces, 30, Some((tail.as_mut_ptr(), 64)))
+        .recv_pieces(&pieces, 30, Some((tail.as_mut_ptr(), 64)), false)
         .expect("recv");
     assert_eq!((r.got, r.asked), (70 + 100 + 64, 70 + 100 + 64));
     assert_eq!(&p1[30..], &data[..70]);
@@ -117,7 +116,7 @@ fn the_doorbell_rings_only_for_an_armed_reader_and_for_the_bytes_it_wants() {
     // Both start armed: the first bytes ring.
     assert_eq!(send_all(&a, b"x"), 1);
     assert!(rung(&b, Duration::from_secs(5)));
-    assert_eq!(b.arm(1).expect("arm"), true, "a byte already waits");
+    assert!(b.arm(1).expect("arm"), "a byte already waits");
     let mut one = [0u8; 1];
     assert_eq!(b.recv(&mut one).expect("recv"), 1);
     // Not armed (a polling reader): no system call, no doorbell.
@@ -125,13 +124,13 @@ fn the_doorbell_rings_only_for_an_armed_reader_and_for_the_bytes_it_wants() {
     assert!(!rung(&b, Duration::ZERO));
     assert_eq!(b.recv(&mut one).expect("recv"), 1);
     // Armed for 100 bytes: 50 do not ring, 100 do.
-    assert_eq!(b.arm(100).expect("arm"), false);
+    assert!(!b.arm(100).expect("arm"));
     assert_eq!(send_all(&a, &[1u8; 50]), 50);
     assert!(!rung(&b, Duration::ZERO));
     assert_eq!(send_all(&a, &[2u8; 50]), 50);
     assert!(rung(&b, Duration::from_secs(5)));
     // Arming reads the doorbells it was woken by.
-    assert_eq!(b.arm(1).expect("arm"), true);
+    assert!(b.arm(1).expect("arm"));
     assert!(!rung(&b, Duration::ZERO));
 }
 
@@ -143,7 +142,7 @@ fn a_writer_blocked_on_a_full_ring_is_woken_when_the_reader_makes_room() {
     // Drain the first doorbell (the reader started armed).
     assert!(b.arm(1).expect("arm"));
     assert_eq!(
-        a.send(&[(fill.as_ptr(), 1)], 0).unwrap_err().kind(),
+        a.send(&[(fill.as_ptr(), 1)], 0, false).unwrap_err().kind(),
         io::ErrorKind::WouldBlock
     );
     assert!(!rung(&a, Duration::ZERO));
@@ -166,7 +165,7 @@ fn the_peers_end_is_seen_by_an_arming_reader_and_ends_the_stream() {
     assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
     assert_eq!(b.recv(&mut buf).expect("end"), 0);
     assert_eq!(
-        b.send(&[(buf.as_ptr(), 1)], 0).unwrap_err().kind(),
+        b.send(&[(buf.as_ptr(), 1)], 0, false).unwrap_err().kind(),
         io::ErrorKind::BrokenPipe
     );
 }
@@ -188,7 +187,7 @@ fn a_peer_that_breaks_the_cursors_fails_the_link_without_harm() {
     // And the reader's tail, as the writer sees it.
     b.rx.ctrl().tail.store(SMALL as u64 * 9, Ordering::Release);
     assert_eq!(
-        a.send(&[(b"x".as_ptr(), 1)], 0).unwrap_err().kind(),
+        a.send(&[(b"x".as_ptr(), 1)], 0, false).unwrap_err().kind(),
         io::ErrorKind::InvalidData
     );
 }
@@ -206,11 +205,23 @@ fn a_ring_file_that_is_unsealed_misshapen_or_foreign_is_refused() {
     };
     let good_len = (CTRL_BYTES + 2 * SMALL) as u64;
     let kind = |r: io::Result<RingFile>| r.err().map(|e| e.kind());
-    assert_eq!(kind(RingFile::open(memfd(good_len, false))), Some(io::ErrorKind::InvalidData));
-    assert_eq!(kind(RingFile::open(memfd(good_len + 4096, true))), Some(io::ErrorKind::InvalidData));
-    assert_eq!(kind(RingFile::open(memfd(100, true))), Some(io::ErrorKind::InvalidData));
+    assert_eq!(
+        kind(RingFile::open(memfd(good_len, false))),
+        Some(io::ErrorKind::InvalidData)
+    );
+    assert_eq!(
+        kind(RingFile::open(memfd(good_len + 4096, true))),
+        Some(io::ErrorKind::InvalidData)
+    );
+    assert_eq!(
+        kind(RingFile::open(memfd(100, true))),
+        Some(io::ErrorKind::InvalidData)
+    );
     // Right shape, no marks.
-    assert_eq!(kind(RingFile::open(memfd(good_len, true))), Some(io::ErrorKind::InvalidData));
+    assert_eq!(
+        kind(RingFile::open(memfd(good_len, true))),
+        Some(io::ErrorKind::InvalidData)
+    );
     assert!(RingFile::create(SMALL + 1).is_err());
     assert!(RingFile::create(SMALL / 2).is_err());
 }
@@ -237,4 +248,32 @@ fn the_ring_file_travels_over_the_socket_with_its_message() {
     use std::io::Write;
     (&a).write_all(b"0123456789").expect("plain");
     assert!(recv_ring_file(&b, &mut msg).is_err());
+}
+
+#[test]
+fn truncated_file_pages_are_a_fault_not_a_signal() {
+    let (a, b) = pair(SMALL);
+    let fd = rustix::fs::memfd_create("pages", MemfdFlags::CLOEXEC).expect("memfd");
+    rustix::fs::ftruncate(&fd, 8192).expect("size");
+    let map = map_shared(&fd, 8192).expect("map");
+    rustix::fs::ftruncate(&fd, 0).expect("truncate");
+    let page = map.base;
+    // Nothing before the bad page: the fault itself.
+    let e = a.send(&[(page as *const u8, 4096)], 0, true).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
+    // Good bytes, then the bad page: the good bytes go, the fault comes next.
+    let hdr = [9u8; 10];
+    assert_eq!(
+        a.send(&[(hdr.as_ptr(), 10), (page as *const u8, 4096)], 0, true)
+            .expect("send"),
+        10
+    );
+    let mut got = [0u8; 10];
+    assert_eq!(b.recv(&mut got).expect("recv"), 10);
+    assert_eq!(got, hdr);
+    // Receiving into the bad page: a fault, and the bytes stay in the ring.
+    assert_eq!(send_all(&a, &[7u8; 100]), 100);
+    let e = b.recv_pieces(&[(page, 100)], 0, None, true).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
+    assert_eq!(b.bytes_waiting(), Some(100));
 }
