@@ -41,6 +41,10 @@ use serde::{Deserialize, Serialize};
 
 use braid_testbed::parse::{self, RailSpec};
 
+/// A busy-polling latency loop yields its core once in this many empty polls (not on every
+/// one: a `sched_yield` costs as much as a same-host ring's whole round trip).
+pub(crate) const YIELD_EVERY: u32 = 256;
+
 mod client;
 mod output;
 mod server;

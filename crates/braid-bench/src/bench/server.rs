@@ -510,10 +510,11 @@ fn lat_server(
             peer.rcq.poll()
         };
         let Some(c) = c else {
-            if !s.wait_mode {
+            spins = spins.wrapping_add(1);
+            if !s.wait_mode && spins.is_multiple_of(super::YIELD_EVERY) {
+                // As the client's poll loop: a yield now and then, not per poll.
                 std::thread::yield_now();
             }
-            spins = spins.wrapping_add(1);
             if (s.wait_mode || spins.is_multiple_of(1024)) && Instant::now() >= deadline {
                 bail!("latency test: no Done from the client within {within:?}");
             }

@@ -10,8 +10,9 @@ use crate::mem::file::FileMap;
 
 /// How a region's memory was obtained.
 pub(super) enum Backing {
-    /// braid mapped it and unmaps it when the last reference goes.
-    Mapped { map_len: usize },
+    /// braid mapped it and unmaps it when the last reference goes; `shared`: a region file
+    /// a same-host peer may map (see [`crate::mem::shared`]).
+    Mapped { map_len: usize, shared: bool },
     /// The caller owns it (see `braid::Context::register`).
     Borrowed,
     /// Pages of a file, mapped `MAP_SHARED` (see `braid::Context::register_file`); the map
@@ -39,7 +40,10 @@ unsafe impl Sync for RegionInner {}
 
 impl Drop for RegionInner {
     fn drop(&mut self) {
-        if let Backing::Mapped { map_len } = self.backing {
+        if let Backing::Mapped { map_len, shared } = self.backing {
+            if shared {
+                crate::mem::shared::forget(self.ptr);
+            }
             // SAFETY: ptr/map_len came from a successful mmap; no reference outlives `self`.
             unsafe { libc::munmap(self.ptr.cast(), map_len) };
         }

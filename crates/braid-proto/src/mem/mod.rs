@@ -5,6 +5,7 @@ pub mod file;
 pub(crate) mod inner;
 pub mod region;
 pub mod registry;
+pub mod shared;
 
 pub use region::{Access, Region, RegionOptions, RemoteKey, RemoteSge, Sge};
 pub use registry::Registry;

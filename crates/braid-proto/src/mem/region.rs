@@ -151,6 +151,22 @@ impl Region {
             .checked_next_multiple_of(page)
             .ok_or_else(|| Error::InvalidArgument(format!("region length {len} too large")))?;
         registry.charge(len as u64)?;
+        // Ordinary pages live in a region file a same-host peer can map (single-copy
+        // transfers); huge pages, or a system without memfds, get private memory.
+        if !opts.huge_pages
+            && let Some(ptr) = crate::mem::shared::map(map_len, opts.populate)
+        {
+            return Ok(Self::install(
+                registry,
+                ptr,
+                len,
+                access,
+                Backing::Mapped {
+                    map_len,
+                    shared: true,
+                },
+            ));
+        }
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         if opts.huge_pages {
             flags |= libc::MAP_HUGETLB;
@@ -178,7 +194,10 @@ impl Region {
             ptr.cast(),
             len,
             access,
-            Backing::Mapped { map_len },
+            Backing::Mapped {
+                map_len,
+                shared: false,
+            },
         ))
     }
 
@@ -304,6 +323,14 @@ impl Region {
     }
 
     /// The whole region as one scatter/gather entry.
+    /// The address of the region's first byte (as `ibv_mr::addr` in verbs). Peers and the
+    /// engine may write the memory at any moment: reach it through raw pointers only, never
+    /// a Rust reference (the rule of this module).
+    pub fn addr(&self) -> *mut u8 {
+        self.reg.inner.ptr_at(0)
+    }
+
+    /// The whole region as one scatter-gather entry.
     pub fn as_sge(&self) -> Sge {
         Sge {
             region: self.clone(),

@@ -147,8 +147,9 @@ impl Offer {
                 continue;
             }
             let file = RingFile::create(self.ring_bytes)?;
-            shm::send_ring_file(&sock, &file, RING_MSG)?;
-            return Ok(ShmLink::new(file, Side::Connector, sock)?);
+            let (files, files_end) = UnixStream::pair()?;
+            shm::send_ring_file(&sock, &file, &files_end, RING_MSG)?;
+            return Ok(ShmLink::new(file, Side::Connector, sock, files)?);
         }
     }
 }
@@ -188,8 +189,9 @@ pub(super) fn take_ring(
             "the peer's same-host ring is of another version",
         )));
     }
-    let file = RingFile::open(fd)?;
-    Ok(ShmLink::new(file, Side::Acceptor, sock)?)
+    let (ring, files) = fd;
+    let file = RingFile::open(ring)?;
+    Ok(ShmLink::new(file, Side::Acceptor, sock, files)?)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use braid::{Access, CompletionKind, Context, Error as BraidError};
 
+use crate::bench::YIELD_EVERY;
 use crate::bench::output::{LatStats, Row};
 use crate::bench::{
     CTRL_LEN, DATA_IMM_MASK, Op, Peer, Progress, check_status, cpu_seconds, rail_delta,
@@ -104,12 +105,13 @@ pub(super) fn run_lat(
             if let Some(c) = c {
                 break c;
             }
-            if !wait_mode {
-                // The progress engine thread has to run for the pong to arrive; on a machine
-                // with fewer free cores than busy threads a pure spin starves it.
+            spins = spins.wrapping_add(1);
+            if !wait_mode && spins.is_multiple_of(YIELD_EVERY) {
+                // Polling reads the rails itself, but another thread may need the core now
+                // and then (the progress engine, on a machine with fewer free cores than busy
+                // threads); a yield on every poll would cost a system call per poll.
                 std::thread::yield_now();
             }
-            spins = spins.wrapping_add(1);
             if (wait_mode || spins.is_multiple_of(4096)) && t.elapsed() > plan.stall {
                 bail!("{}: no pong for {:?} (server gone?)", op.name(), plan.stall);
             }

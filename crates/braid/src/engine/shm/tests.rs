@@ -1,22 +1,25 @@
 //! The same-host ring on its own: stream order across wrap-around, back-pressure, the
-//! doorbell rung only for an armed side, the peer's end, and a peer that breaks the ring.
+//! doorbell rung only for an armed side, the peer's end, a peer that breaks the ring, and
+//! payloads that cross by reference to a region file.
 
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
+use super::ring::{CTRL_BYTES, MIN_RING_BYTES, map_shared};
 use super::*;
+use rustix::fs::{MemfdFlags, SealFlags};
 
 const SMALL: usize = MIN_RING_BYTES;
 
 fn pair(ring_bytes: usize) -> (ShmLink, ShmLink) {
     let file = RingFile::create(ring_bytes).expect("ring file");
     let (a, b) = UnixStream::pair().expect("socket pair");
+    let (fa, fb) = UnixStream::pair().expect("socket pair");
     // The acceptor maps the file the way a peer process would: from the descriptor.
     let dup = file.fd().try_clone().expect("dup");
     let theirs = RingFile::open(dup).expect("open ring file");
     (
-        ShmLink::new(file, Side::Connector, a).expect("connector"),
-        ShmLink::new(theirs, Side::Acceptor, b).expect("acceptor"),
+        ShmLink::new(file, Side::Connector, a, fa).expect("connector"),
+        ShmLink::new(theirs, Side::Acceptor, b, fb).expect("acceptor"),
     )
 }
 
@@ -81,9 +84,10 @@ fn bytes_come_out_in_order_across_wrap_around_and_a_full_ring_pushes_back() {
         assert_eq!(b.bytes_waiting(), Some(sent - got));
     }
     assert!(dst == src, "the stream differs");
-    // A full ring takes nothing more until the reader makes room.
+    // A full ring takes nothing more until the reader makes room (one record header of it
+    // is not payload).
     let big = vec![5u8; SMALL + 1];
-    assert_eq!(send_all(&a, &big), SMALL);
+    assert_eq!(send_all(&a, &big), SMALL - INLINE_HDR);
     assert_eq!(
         a.send(&[(big.as_ptr(), 1)], 0, false).unwrap_err().kind(),
         io::ErrorKind::WouldBlock
@@ -138,7 +142,7 @@ fn the_doorbell_rings_only_for_an_armed_reader_and_for_the_bytes_it_wants() {
 fn a_writer_blocked_on_a_full_ring_is_woken_when_the_reader_makes_room() {
     let (a, b) = pair(SMALL);
     let fill = vec![3u8; SMALL];
-    assert_eq!(send_all(&a, &fill), SMALL);
+    assert_eq!(send_all(&a, &fill), SMALL - INLINE_HDR);
     // Drain the first doorbell (the reader started armed).
     assert!(b.arm(1).expect("arm"));
     assert_eq!(
@@ -149,6 +153,7 @@ fn a_writer_blocked_on_a_full_ring_is_woken_when_the_reader_makes_room() {
     let mut buf = vec![0u8; 1000];
     assert_eq!(b.recv(&mut buf).expect("recv"), 1000);
     assert!(rung(&a, Duration::from_secs(5)), "the writer was not woken");
+    // The reader freed the first record's header too.
     assert_eq!(send_all(&a, &fill[..1000]), 1000);
 }
 
@@ -182,8 +187,13 @@ fn a_peer_that_breaks_the_cursors_fails_the_link_without_harm() {
             b.recv(&mut buf).unwrap_err().kind(),
             io::ErrorKind::InvalidData
         );
-        assert_eq!(b.bytes_waiting(), None);
     }
+    // A stream count no ring can hold.
+    a.tx.ctrl()
+        .stream_head
+        .store(u64::MAX - 5, Ordering::Release);
+    assert_eq!(b.bytes_waiting(), None);
+    assert_eq!(b.arm(1).unwrap_err().kind(), io::ErrorKind::InvalidData);
     // And the reader's tail, as the writer sees it.
     b.rx.ctrl().tail.store(SMALL as u64 * 9, Ordering::Release);
     assert_eq!(
@@ -227,27 +237,118 @@ fn a_ring_file_that_is_unsealed_misshapen_or_foreign_is_refused() {
 }
 
 #[test]
-fn the_ring_file_travels_over_the_socket_with_its_message() {
+fn the_ring_file_travels_over_the_socket_with_the_region_file_socket() {
     let file = RingFile::create(SMALL).expect("ring file");
     let (a, b) = UnixStream::pair().expect("pair");
-    send_ring_file(&a, &file, b"hello ring").expect("send");
+    let (files, files_end) = UnixStream::pair().expect("pair");
+    send_ring_file(&a, &file, &files_end, b"hello ring").expect("send");
+    drop(files_end);
     let mut msg = [0u8; 10];
-    let fd = recv_ring_file(&b, &mut msg).expect("recv");
+    let (fd, their_files) = recv_ring_file(&b, &mut msg).expect("recv");
     assert_eq!(&msg, b"hello ring");
-    assert!(fd.as_raw_fd() >= 0);
     let theirs = RingFile::open(fd).expect("open");
     let (x, y) = UnixStream::pair().expect("pair");
-    let mine = ShmLink::new(file, Side::Connector, x).expect("link");
-    let peer = ShmLink::new(theirs, Side::Acceptor, y).expect("link");
+    let mine = ShmLink::new(file, Side::Connector, x, files).expect("link");
+    let peer = ShmLink::new(theirs, Side::Acceptor, y, their_files).expect("link");
     assert_eq!(send_all(&peer, b"back"), 4);
     let mut got = [0u8; 4];
     assert_eq!(mine.recv(&mut got).expect("recv"), 4);
     assert_eq!(&got, b"back");
-    // A message without a descriptor is refused.
+    // A message without descriptors is refused.
     a.set_nonblocking(false).expect("blocking");
     use std::io::Write;
     (&a).write_all(b"0123456789").expect("plain");
     assert!(recv_ring_file(&b, &mut msg).is_err());
+}
+
+/// A region of `len` bytes (in a shareable region file), filled with `fill`.
+fn region_file(len: usize, fill: u8) -> braid_proto::Region {
+    let registry = std::sync::Arc::new(braid_proto::Registry::with_limit(None));
+    let r = braid_proto::Region::allocate_in(&registry, len, braid_proto::Access::all())
+        .expect("region");
+    r.write_at(0, &vec![fill; len]).expect("fill");
+    r
+}
+
+#[test]
+fn payloads_in_region_files_cross_by_reference_and_move_once() {
+    let (a, b) = pair(SMALL);
+    let len = 4 * SMALL; // larger than the ring: only a reference fits
+    let region = region_file(len, 0x5a);
+    let src = region.addr();
+    let hdr = [1u8; 40];
+    let pieces = [(hdr.as_ptr(), 40), (src as *const u8, len)];
+    assert_eq!(a.send(&pieces, 0, false).expect("send"), 40 + len);
+    // The ring holds the header inline and a reference: not the payload.
+    let ring_used = a.tx.ctrl().head.load(Ordering::Acquire);
+    assert_eq!(ring_used, (INLINE_HDR + 40 + REF_HDR) as u64);
+    assert_eq!(b.bytes_waiting(), Some(40 + len));
+    // The bytes are read from the sender's memory when received: a change made before
+    // shows (the sender keeps its payload until the peer's acknowledgement, as braid does).
+    // SAFETY: inside the mapping.
+    unsafe { *src.add(len - 1) = 0x77 };
+    let mut h = [0u8; 40];
+    assert_eq!(b.recv(&mut h).expect("header"), 40);
+    let mut dst = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        let r = b
+            .recv_pieces(&[(dst.as_mut_ptr(), len)], got, None, false)
+            .expect("payload");
+        got += r.got;
+    }
+    assert!(dst[..len - 1].iter().all(|&x| x == 0x5a));
+    assert_eq!(dst[len - 1], 0x77);
+    // The second payload from the same file sends no second descriptor.
+    assert_eq!(send_all(&a, &[0u8; 4]), 4);
+    assert_eq!(
+        a.send(&[(src as *const u8, len)], 0, false).expect("again"),
+        len
+    );
+    assert_eq!(a.sharer.given_count(), 1);
+}
+
+#[test]
+fn a_reference_to_a_file_never_sent_or_past_its_end_fails_the_link() {
+    for (token_known, off) in [(false, 0u64), (true, (SMALL as u64) * 8)] {
+        let (a, b) = pair(SMALL);
+        let region = region_file(2 * REF_MIN, 1);
+        let src = region.addr();
+        let span = braid_proto::mem::shared::lookup(src, 2 * REF_MIN).expect("shareable");
+        if token_known {
+            assert!(a.sharer.give(&span));
+        }
+        // A forged record: the peer names bytes it may not.
+        let mut h = [0u8; REF_HDR];
+        h[0] = REF;
+        h[4..8].copy_from_slice(&(REF_MIN as u32).to_le_bytes());
+        h[8..16].copy_from_slice(&span.token.to_le_bytes());
+        h[16..24].copy_from_slice(&off.to_le_bytes());
+        // SAFETY: the first bytes of the ring.
+        unsafe { a.tx.copy(0, h.as_mut_ptr(), REF_HDR, true, false) };
+        a.tx.ctrl().head.store(REF_HDR as u64, Ordering::Release);
+        a.tx.ctrl()
+            .stream_head
+            .store(REF_MIN as u64, Ordering::Release);
+        let mut buf = vec![0u8; REF_MIN];
+        let e = b.recv(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    }
+}
+
+#[test]
+fn a_record_header_of_garbage_fails_the_link() {
+    let (a, b) = pair(SMALL);
+    let mut junk = [0xffu8; 32];
+    // SAFETY: the first bytes of the ring.
+    unsafe { a.tx.copy(0, junk.as_mut_ptr(), 32, true, false) };
+    a.tx.ctrl().head.store(32, Ordering::Release);
+    a.tx.ctrl().stream_head.store(32, Ordering::Release);
+    let mut buf = [0u8; 32];
+    assert_eq!(
+        b.recv(&mut buf).unwrap_err().kind(),
+        io::ErrorKind::InvalidData
+    );
 }
 
 #[test]
@@ -255,7 +356,7 @@ fn truncated_file_pages_are_a_fault_not_a_signal() {
     let (a, b) = pair(SMALL);
     let fd = rustix::fs::memfd_create("pages", MemfdFlags::CLOEXEC).expect("memfd");
     rustix::fs::ftruncate(&fd, 8192).expect("size");
-    let map = map_shared(&fd, 8192).expect("map");
+    let map = map_shared(&fd, 8192, false).expect("map");
     rustix::fs::ftruncate(&fd, 0).expect("truncate");
     let page = map.base;
     // Nothing before the bad page: the fault itself.

@@ -1,0 +1,244 @@
+//! Single copy between same-host processes: payloads that lie in shareable region files
+//! ([`braid_proto::mem::shared`]) cross the ring as references, and the receiving side
+//! copies them straight from its read-only mapping of the sender's file into their
+//! destination (after its protection checks, which ran on the frame's header).
+//!
+//! A region file goes to the peer once per link, over a socket of its own beside the
+//! doorbell (16 bytes: token and size, with the descriptor), always before the first ring
+//! record that names it. The receiver checks its seals and size before mapping it, and keeps
+//! at most [`MAX_PEER_FILES`] of them for the life of the link.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rustix::fs::SealFlags;
+
+use super::ring::{Mapping, map_shared};
+use braid_proto::mem::shared::SharedSpan;
+
+/// Region files of the peer's a link maps at most.
+pub(super) const MAX_PEER_FILES: usize = 4096;
+
+fn bad(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why)
+}
+
+/// Sends `fds` over `sock` with `msg` as the bytes they ride on.
+pub(super) fn send_fds(
+    sock: &UnixStream,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    msg: &[u8],
+) -> io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut cmsg = SendAncillaryBuffer::new(&mut space);
+    cmsg.push(SendAncillaryMessage::ScmRights(fds));
+    let n = rustix::net::sendmsg(
+        sock,
+        &[io::IoSlice::new(msg)],
+        &mut cmsg,
+        SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+    )?;
+    if n != msg.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "short send of descriptors",
+        ));
+    }
+    Ok(())
+}
+
+/// Receives exactly `msg.len()` bytes and the `N` descriptors that came with them.
+pub(super) fn recv_fds<const N: usize>(
+    sock: &UnixStream,
+    msg: &mut [u8],
+) -> io::Result<[OwnedFd; N]> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+    let r = rustix::net::recvmsg(
+        sock,
+        &mut [io::IoSliceMut::new(msg)],
+        &mut cmsg,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut got = Vec::new();
+    for m in cmsg.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            // Descriptors past the N expected close here.
+            got.extend(fds);
+        }
+    }
+    got.truncate(N);
+    if r.bytes == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the peer closed the socket",
+        ));
+    }
+    match <[OwnedFd; N]>::try_from(got) {
+        Ok(fds) if r.bytes == msg.len() => Ok(fds),
+        _ => Err(bad(format!(
+            "the peer sent {} bytes and not the {N} descriptor(s) expected",
+            r.bytes
+        ))),
+    }
+}
+
+/// The sending half: which of this process's region files the peer has.
+pub(super) struct Sharer {
+    sock: UnixStream,
+    given: Mutex<HashSet<u64>>,
+}
+
+impl Sharer {
+    pub(super) fn new(sock: UnixStream) -> Sharer {
+        Sharer {
+            sock,
+            given: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// How many region files the peer has been given.
+    #[cfg(test)]
+    pub(super) fn given_count(&self) -> usize {
+        self.given.lock().len()
+    }
+
+    /// Makes sure the peer has `span`'s file; false when it cannot be given now (the
+    /// payload then goes inline).
+    pub(super) fn give(&self, span: &SharedSpan) -> bool {
+        let mut given = self.given.lock();
+        if given.contains(&span.token) {
+            return true;
+        }
+        let mut msg = [0u8; 16];
+        msg[..8].copy_from_slice(&span.token.to_le_bytes());
+        msg[8..].copy_from_slice(&span.file_len.to_le_bytes());
+        match send_fds(&self.sock, &[span.fd.as_fd()], &msg) {
+            Ok(()) => {
+                given.insert(span.token);
+                true
+            }
+            Err(e) => {
+                tracing::debug!("a region file was not handed to the peer: {e}");
+                false
+            }
+        }
+    }
+}
+
+/// The receiving half: the peer's region files mapped here, by token.
+pub(super) struct PeerFiles {
+    sock: UnixStream,
+    maps: HashMap<u64, Arc<Mapping>>,
+}
+
+impl PeerFiles {
+    pub(super) fn new(sock: UnixStream) -> PeerFiles {
+        PeerFiles {
+            sock,
+            maps: HashMap::new(),
+        }
+    }
+
+    /// The mapping of the peer's file `token`, reading the files it has sent meanwhile.
+    pub(super) fn get(&mut self, token: u64) -> io::Result<Arc<Mapping>> {
+        while !self.maps.contains_key(&token) {
+            let mut msg = [0u8; 16];
+            let [fd] = recv_fds::<1>(&self.sock, &mut msg).map_err(|e| {
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    bad(format!(
+                        "the peer named region file {token} without sending it"
+                    ))
+                } else {
+                    e
+                }
+            })?;
+            let t = u64::from_le_bytes(msg[..8].try_into().expect("8 bytes"));
+            let len = u64::from_le_bytes(msg[8..].try_into().expect("8 bytes"));
+            if self.maps.len() >= MAX_PEER_FILES {
+                return Err(bad(format!(
+                    "the peer shared more than {MAX_PEER_FILES} region files"
+                )));
+            }
+            let seals = rustix::fs::fcntl_get_seals(&fd)?;
+            let size = rustix::fs::fstat(&fd)?.st_size as u64;
+            if !seals.contains(SealFlags::SHRINK) || size != len || len == 0 {
+                return Err(bad(format!(
+                    "the peer's region file {t} is unsealed or not {len} bytes"
+                )));
+            }
+            let map = map_shared(&fd, len as usize, true)?;
+            self.maps.insert(t, Arc::new(map));
+        }
+        Ok(self.maps[&token].clone())
+    }
+}
+
+/// Where received bytes go: the destination pieces in order, then nothing.
+pub(super) struct Dest {
+    runs: Vec<(*mut u8, usize)>,
+    idx: usize,
+    off: usize,
+    /// The pieces may be file pages (copies go through the kernel).
+    fragile: bool,
+    /// A copy stopped at a page that could not be written.
+    pub(super) faulted: bool,
+}
+
+impl Dest {
+    pub(super) fn new(runs: Vec<(*mut u8, usize)>, fragile: bool) -> Dest {
+        Dest {
+            runs,
+            idx: 0,
+            off: 0,
+            fragile,
+            faulted: false,
+        }
+    }
+
+    /// Room left.
+    pub(super) fn room(&self) -> usize {
+        self.runs[self.idx.min(self.runs.len())..]
+            .iter()
+            .map(|r| r.1)
+            .sum::<usize>()
+            - self.off
+    }
+
+    /// Copies up to `n` bytes from `src`; returns how many were stored.
+    ///
+    /// SAFETY: `src` is valid for `n` bytes; the runs are valid for their lengths (file pages
+    /// aside, when fragile).
+    pub(super) unsafe fn put(&mut self, src: *const u8, n: usize) -> usize {
+        let mut done = 0;
+        while done < n && self.idx < self.runs.len() && !self.faulted {
+            let (p, len) = self.runs[self.idx];
+            let take = (len - self.off).min(n - done);
+            // SAFETY: within the run and the source, per the contract.
+            let got = unsafe {
+                let (s, d) = (src.add(done), p.add(self.off));
+                if self.fragile {
+                    braid_proto::mem::file::copy_checked(s, d, take)
+                } else {
+                    std::ptr::copy_nonoverlapping(s, d, take);
+                    take
+                }
+            };
+            done += got;
+            self.off += got;
+            if got < take {
+                self.faulted = true;
+            } else if self.off == len {
+                self.idx += 1;
+                self.off = 0;
+            }
+        }
+        done
+    }
+}
