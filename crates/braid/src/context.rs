@@ -144,6 +144,12 @@ impl Context {
     }
 
     /// Allocates `len` bytes of page-aligned, zeroed memory and registers it with `access`.
+    ///
+    /// A region of 64 KiB or more lives in a sealed memfd mapped `MAP_SHARED` (it holds a
+    /// descriptor; braid raises the soft limit on open descriptors to the hard one): a peer
+    /// process on the same host then reads what this process writes or sends from it
+    /// straight from its own mapping, one copy (docs/PROTOCOL.md, "Same-host rails"). Such
+    /// memory stays shared with a child after `fork`.
     pub fn alloc_region(&self, len: usize, access: Access) -> Result<Region, Error> {
         Region::allocate_in(&self.inner.registry, len, access)
     }

@@ -152,8 +152,10 @@ impl Region {
             .ok_or_else(|| Error::InvalidArgument(format!("region length {len} too large")))?;
         registry.charge(len as u64)?;
         // Ordinary pages live in a region file a same-host peer can map (single-copy
-        // transfers); huge pages, or a system without memfds, get private memory.
+        // transfers); huge pages, small regions, or a system without memfds, get private
+        // memory.
         if !opts.huge_pages
+            && map_len >= crate::mem::shared::MIN_SHARED_LEN
             && let Some(ptr) = crate::mem::shared::map(map_len, opts.populate)
         {
             return Ok(Self::install(

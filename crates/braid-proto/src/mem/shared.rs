@@ -8,7 +8,7 @@
 //! protection checks, so they move once. The files are sealed against shrinking, so a peer's
 //! mapping can never fault.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,9 +23,16 @@ struct Entry {
     token: u64,
 }
 
-fn index() -> &'static RwLock<BTreeMap<usize, Entry>> {
-    static INDEX: OnceLock<RwLock<BTreeMap<usize, Entry>>> = OnceLock::new();
-    INDEX.get_or_init(|| RwLock::new(BTreeMap::new()))
+/// The mapped region files, by address, and the tokens of those still mapped.
+#[derive(Default)]
+struct Index {
+    by_addr: BTreeMap<usize, Entry>,
+    live: HashSet<u64>,
+}
+
+fn index() -> &'static RwLock<Index> {
+    static INDEX: OnceLock<RwLock<Index>> = OnceLock::new();
+    INDEX.get_or_init(|| RwLock::new(Index::default()))
 }
 
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
@@ -47,7 +54,7 @@ pub struct SharedSpan {
 pub fn lookup(ptr: *const u8, len: usize) -> Option<SharedSpan> {
     let addr = ptr as usize;
     let idx = index().read();
-    let (&start, e) = idx.range(..=addr).next_back()?;
+    let (&start, e) = idx.by_addr.range(..=addr).next_back()?;
     let end = addr.checked_add(len)?;
     (end <= start + e.len).then(|| SharedSpan {
         fd: e.fd.clone(),
@@ -57,10 +64,34 @@ pub fn lookup(ptr: *const u8, len: usize) -> Option<SharedSpan> {
     })
 }
 
+/// Regions smaller than this stay private memory: each region file holds a descriptor, and
+/// small regions carry small payloads, which cross a same-host ring inline anyway.
+pub(crate) const MIN_SHARED_LEN: usize = 64 << 10;
+
+/// Raises the soft limit on open descriptors to the hard one, once: every region file holds
+/// a descriptor (Go's runtime does the same at start).
+fn raise_fd_limit() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: reading and setting this process's own limit with a valid struct.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+                l.rlim_cur = l.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+            }
+        }
+    });
+}
+
 /// Maps `len` bytes (a multiple of the page size) of a new sealed memfd, read-write and
 /// shared, and makes them known to [`lookup`]. `None` when memfds are unavailable (the
 /// caller then maps private anonymous memory).
 pub(crate) fn map(len: usize, populate: bool) -> Option<*mut u8> {
+    raise_fd_limit();
     let fail = |what: &str| {
         tracing::debug!(
             "region memory is not shareable ({what}: {})",
@@ -111,12 +142,15 @@ pub(crate) fn map(len: usize, populate: bool) -> Option<*mut u8> {
     if ptr == libc::MAP_FAILED {
         return fail("mmap");
     }
-    index().write().insert(
+    let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+    let mut idx = index().write();
+    idx.live.insert(token);
+    idx.by_addr.insert(
         ptr as usize,
         Entry {
             len,
             fd: Arc::new(fd),
-            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
+            token,
         },
     );
     Some(ptr.cast())
@@ -125,7 +159,16 @@ pub(crate) fn map(len: usize, populate: bool) -> Option<*mut u8> {
 /// Forgets the region file mapped at `ptr` (before it is unmapped): no span of it is
 /// handed to a peer any more.
 pub(crate) fn forget(ptr: *mut u8) {
-    index().write().remove(&(ptr as usize));
+    let mut idx = index().write();
+    if let Some(e) = idx.by_addr.remove(&(ptr as usize)) {
+        idx.live.remove(&e.token);
+    }
+}
+
+/// True while the region file `token` is mapped here (its region not yet freed): a peer
+/// that was given it may drop its own mapping once it is not.
+pub fn is_live(token: u64) -> bool {
+    index().read().live.contains(&token)
 }
 
 #[cfg(test)]
@@ -148,8 +191,10 @@ mod tests {
         assert!(lookup(unsafe { p.add(len) }, 1).is_none(), "after the file");
         let other = lookup(p, 1).expect("again");
         assert_eq!(other.token, s.token);
+        assert!(is_live(s.token));
         forget(p);
         assert!(lookup(p, 1).is_none());
+        assert!(!is_live(s.token));
         // SAFETY: unmapping what `map` mapped.
         unsafe { libc::munmap(p.cast(), len) };
     }

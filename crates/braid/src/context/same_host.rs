@@ -255,7 +255,7 @@ mod tests {
         let connector = connector.join().expect("thread").expect("handed over");
         assert_eq!(
             connector
-                .send(&[(b"ping".as_ptr(), 4)], 0, false)
+                .send(&[(b"ping".as_ptr(), 4)], 0, false, &[])
                 .expect("send"),
             4
         );

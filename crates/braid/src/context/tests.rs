@@ -21,6 +21,7 @@ impl Transport for UnixLink {
         pieces: &[(*const u8, usize)],
         skip: usize,
         _fragile: bool,
+        _stable: &[bool],
     ) -> std::io::Result<usize> {
         send_pieces(self.0.as_raw_fd(), pieces, skip)
     }

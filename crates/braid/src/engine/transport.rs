@@ -39,8 +39,17 @@ pub(crate) trait Transport: Send + Sync {
     /// Sends from `pieces` starting `skip` bytes in; returns the bytes taken.
     /// `WouldBlock` when the link is full; `EFAULT` when a piece's file page was truncated
     /// (before any byte was taken; a count short of it otherwise). `fragile`: some pieces
-    /// may be file pages, which a transport must not read from user space.
-    fn send(&self, pieces: &[(*const u8, usize)], skip: usize, fragile: bool) -> io::Result<usize>;
+    /// may be file pages, which a transport must not read from user space. `stable[i]`:
+    /// piece `i`'s memory stays as it is until the peer has taken the frame (a request's
+    /// payload, kept by its operation until the peer's `Done`); a transport may then let the
+    /// peer read it later instead of copying it now.
+    fn send(
+        &self,
+        pieces: &[(*const u8, usize)],
+        skip: usize,
+        fragile: bool,
+        stable: &[bool],
+    ) -> io::Result<usize>;
     /// Receives into `pieces` starting `skip` bytes in, then into `tail`. `fragile`: the
     /// pieces may be file pages (see [`Transport::send`]); `EFAULT` as there.
     fn recv_pieces(
@@ -127,6 +136,7 @@ impl Transport for Tcp {
         pieces: &[(*const u8, usize)],
         skip: usize,
         _fragile: bool,
+        _stable: &[bool],
     ) -> io::Result<usize> {
         send_pieces(self.stream.as_raw_fd(), pieces, skip)
     }

@@ -112,13 +112,19 @@ impl EndpointShared {
                 return Ok(Flush::Idle);
             }
             let mut pieces = Vec::with_capacity(2 * tx.batch.len());
+            let mut stable = Vec::with_capacity(2 * tx.batch.len());
             let mut fragile = false;
             for t in tx.batch.iter().take(if tx.solo { 1 } else { usize::MAX }) {
                 pieces.push((t.header.as_ptr(), HEADER_LEN));
                 pieces.extend_from_slice(&t.payload);
+                // A read response's source is released once the frame is written, and the
+                // target's next requests may change it: only requests' payloads are stable.
+                let keeps = t.read_response.is_none();
+                stable.push(false);
+                stable.extend(std::iter::repeat_n(keeps, t.payload.len()));
                 fragile |= t.fragile();
             }
-            match tx.link.send(&pieces, tx.off, fragile) {
+            match tx.link.send(&pieces, tx.off, fragile, &stable) {
                 Ok(n) => {
                     tx.off += n;
                     if tx.solo && tx.batch.front().is_some_and(|t| t.len() <= tx.off) {

@@ -126,8 +126,9 @@ impl Session {
     /// retransmission for `rail` (not only control frames such as a `Done` or an
     /// acknowledgement, which a driver may hold back briefly for the next request to carry).
     pub fn wants_data_transmit(&self, rail: usize) -> bool {
+        // The cheap tests first: a polling thread asks this on every poll.
         self.rails[rail].alive
-            && ((self.data_allowed(rail) && self.retx_waiting(rail))
+            && ((self.retx_waiting(rail) && self.data_allowed(rail))
                 || ((!self.tx_req.is_empty() || !self.tx_resp.is_empty())
                     && self.data_allowed(rail)
                     && !self.leaves_lone_share(rail)

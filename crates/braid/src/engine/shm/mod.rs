@@ -175,7 +175,7 @@ impl ShmLink {
                     self.ended.store(true, Ordering::Release);
                     return Err(io::Error::new(
                         io::ErrorKind::ConnectionReset,
-                        "the peer process closed its end of the shared-memory rail",
+                        "the peer closed its end of the shared-memory rail",
                     ));
                 }
                 n if n > 0 => continue,
@@ -343,21 +343,29 @@ impl ShmLink {
     }
 }
 
-/// The pieces after `skip` bytes, as (pointer, offset, length) runs.
-fn runs<P: Copy>(
+/// The pieces after `skip` bytes, as (index, pointer, offset, length) runs.
+fn runs_indexed<P: Copy>(
     pieces: &[(P, usize)],
     mut skip: usize,
-) -> impl Iterator<Item = (P, usize, usize)> + '_ {
-    pieces.iter().filter_map(move |&(p, l)| {
+) -> impl Iterator<Item = (usize, P, usize, usize)> + '_ {
+    pieces.iter().enumerate().filter_map(move |(i, &(p, l))| {
         if skip >= l {
             skip -= l;
             None
         } else {
             let s = skip;
             skip = 0;
-            Some((p, s, l - s))
+            Some((i, p, s, l - s))
         }
     })
+}
+
+/// The pieces after `skip` bytes, as (pointer, offset, length) runs.
+fn runs<P: Copy>(
+    pieces: &[(P, usize)],
+    skip: usize,
+) -> impl Iterator<Item = (P, usize, usize)> + '_ {
+    runs_indexed(pieces, skip).map(|(_, p, o, l)| (p, o, l))
 }
 
 impl Transport for ShmLink {
@@ -365,7 +373,13 @@ impl Transport for ShmLink {
         self.bell.as_raw_fd()
     }
 
-    fn send(&self, pieces: &[(*const u8, usize)], skip: usize, fragile: bool) -> io::Result<usize> {
+    fn send(
+        &self,
+        pieces: &[(*const u8, usize)],
+        skip: usize,
+        fragile: bool,
+        stable: &[bool],
+    ) -> io::Result<usize> {
         self.check_open()?;
         let c = self.tx.ctrl();
         let mut cur = self.txc.lock();
@@ -381,10 +395,11 @@ impl Transport for ShmLink {
         }
         let end = head + room;
         let (mut pos, mut sent) = (head, 0usize);
-        for (p, off, len) in runs(pieces, skip) {
+        for (i, p, off, len) in runs_indexed(pieces, skip) {
             // SAFETY: `off < len` of the caller's piece.
             let src = unsafe { p.add(off) };
             if !fragile
+                && stable.get(i).copied().unwrap_or(false)
                 && len >= REF_MIN
                 && end - pos >= REF_HDR as u64
                 && let Some(span) = braid_proto::mem::shared::lookup(src, len)

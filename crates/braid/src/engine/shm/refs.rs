@@ -5,12 +5,14 @@
 //!
 //! A region file goes to the peer once per link, over a socket of its own beside the
 //! doorbell (16 bytes: token and size, with the descriptor), always before the first ring
-//! record that names it. The receiver checks its seals and size before mapping it, and keeps
-//! at most [`MAX_PEER_FILES`] of them for the life of the link.
+//! record that names it. The receiver checks its seals and size before mapping it, and maps
+//! at most [`MAX_PEER_FILES`] at once. When the sender has freed a region it gave, it says
+//! so (the token and size 0, no descriptor) before it gives the next file, and the receiver
+//! unmaps it: every operation that read it has completed, so no record names it any more.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
@@ -116,6 +118,24 @@ impl Sharer {
         if given.contains(&span.token) {
             return true;
         }
+        // Files of regions freed since: the peer may let them go.
+        given.retain(|&t| {
+            if braid_proto::mem::shared::is_live(t) {
+                return true;
+            }
+            let mut msg = [0u8; 16];
+            msg[..8].copy_from_slice(&t.to_le_bytes());
+            // SAFETY: 16 bytes from a local buffer; a full socket keeps the token for later.
+            let n = unsafe {
+                libc::send(
+                    self.sock.as_raw_fd(),
+                    msg.as_ptr().cast(),
+                    16,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            n != 16
+        });
         let mut msg = [0u8; 16];
         msg[..8].copy_from_slice(&span.token.to_le_bytes());
         msg[8..].copy_from_slice(&span.file_len.to_le_bytes());
@@ -146,24 +166,29 @@ impl PeerFiles {
         }
     }
 
-    /// The mapping of the peer's file `token`, reading the files it has sent meanwhile.
+    /// The mapping of the peer's file `token`, after reading the files it has sent (and
+    /// those it let go) meanwhile.
     pub(super) fn get(&mut self, token: u64) -> io::Result<Arc<Mapping>> {
-        while !self.maps.contains_key(&token) {
+        loop {
             let mut msg = [0u8; 16];
-            let [fd] = recv_fds::<1>(&self.sock, &mut msg).map_err(|e| {
-                if e.kind() == io::ErrorKind::WouldBlock {
-                    bad(format!(
-                        "the peer named region file {token} without sending it"
-                    ))
-                } else {
-                    e
-                }
-            })?;
+            let fd = match recv_one(&self.sock, &mut msg) {
+                Ok(fd) => fd,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            };
             let t = u64::from_le_bytes(msg[..8].try_into().expect("8 bytes"));
             let len = u64::from_le_bytes(msg[8..].try_into().expect("8 bytes"));
+            let Some(fd) = fd else {
+                if len != 0 {
+                    return Err(bad(format!("region file {t} came without its descriptor")));
+                }
+                // Freed by the peer: no record names it any more.
+                self.maps.remove(&t);
+                continue;
+            };
             if self.maps.len() >= MAX_PEER_FILES {
                 return Err(bad(format!(
-                    "the peer shared more than {MAX_PEER_FILES} region files"
+                    "the peer shared more than {MAX_PEER_FILES} region files at once"
                 )));
             }
             let seals = rustix::fs::fcntl_get_seals(&fd)?;
@@ -176,7 +201,49 @@ impl PeerFiles {
             let map = map_shared(&fd, len as usize, true)?;
             self.maps.insert(t, Arc::new(map));
         }
-        Ok(self.maps[&token].clone())
+        self.maps.get(&token).cloned().ok_or_else(|| {
+            bad(format!(
+                "the peer named region file {token} without sending it"
+            ))
+        })
+    }
+
+    /// How many of the peer's files are mapped.
+    #[cfg(test)]
+    pub(super) fn mapped(&self) -> usize {
+        self.maps.len()
+    }
+}
+
+/// Receives one message of exactly `msg.len()` bytes, without waiting, and the descriptor
+/// that came with it, if any (a second one closes here).
+fn recv_one(sock: &UnixStream, msg: &mut [u8]) -> io::Result<Option<OwnedFd>> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+    let r = rustix::net::recvmsg(
+        sock,
+        &mut [io::IoSliceMut::new(msg)],
+        &mut cmsg,
+        RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+    )?;
+    let mut got = None;
+    for m in cmsg.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            for f in fds {
+                got.get_or_insert(f);
+            }
+        }
+    }
+    match r.bytes {
+        n if n == msg.len() => Ok(got),
+        0 => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the peer closed the region-file socket",
+        )),
+        n => Err(bad(format!(
+            "a short message of {n} bytes on the region-file socket"
+        ))),
     }
 }
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Same-host peers (issue 14): two processes on one host, braid over its shared-memory rail
+# beside UCX's shared-memory transports and beside braid over TCP loopback, in alternation.
+#
+#   scripts/same-host.sh BRAID [ROUNDS]
+#
+# Per round: 8 B write_with_imm ping-pong (busy polling) against `ucx_perftest -t tag_lat`
+# (UCX_TLS=shm,self); 4 MiB and 16 MiB RMA writes at depth 1 (one buffer each side, as
+# ucx_perftest's put_bw) and at braid bench's default depth (16 MiB in flight) against
+# `ucx_perftest -t ucp_put_bw` and against braid over TCP loopback. Every process it starts
+# ends with the round (bench servers serve one client; ucx_perftest servers one test).
+set -euo pipefail
+B=${1:?usage: same-host.sh BRAID [ROUNDS]}
+ROUNDS=${2:-3}
+PORT=${SAME_HOST_PORT:-18950}
+command -v ucx_perftest >/dev/null || { echo "same-host: ucx_perftest missing (apt install ucx-utils)" >&2; exit 1; }
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+# braid TRANSPORT ARGS...: one bench client against a fresh server; prints the result row.
+braid_run() {
+    local t=$1; shift
+    BRAID_TRANSPORT=$t "$B" bench server --listen 127.0.0.1:$PORT >/dev/null 2>&1 &
+    pids+=($!)
+    local srv=$!
+    BRAID_TRANSPORT=$t "$B" bench "$@" --rails 127.0.0.1=127.0.0.1:$PORT 2>&1 | grep -E '^ +[0-9]' | tail -1
+    wait "$srv" 2>/dev/null || true
+}
+
+# ucx TEST SIZE ITERS: one ucx_perftest pair; prints the "Final" line.
+ucx_run() {
+    UCX_TLS=shm,self ucx_perftest -p $((PORT + 1)) >/dev/null 2>&1 &
+    pids+=($!)
+    local srv=$!
+    local out=""
+    for _ in $(seq 50); do
+        out=$(UCX_TLS=shm,self timeout 60 ucx_perftest 127.0.0.1 -p $((PORT + 1)) -t "$1" -s "$2" -n "$3" 2>&1 | grep Final || true)
+        [ -n "$out" ] && break
+        sleep 0.1
+    done
+    wait "$srv" 2>/dev/null || true
+    echo "$out"
+}
+
+for r in $(seq "$ROUNDS"); do
+    echo "== round $r"
+    # Latency: typical one-way (braid t_typical, UCX typical latency), microseconds.
+    l=$(braid_run auto write-lat -s 8 -n 100000 --poll-only)
+    echo "lat braid-shm 8B typical_us $(echo "$l" | awk '{print $6}')"
+    u=$(ucx_run tag_lat 8 100000)
+    echo "lat ucx-shm   8B typical_us $(echo "$u" | awk '{print $3}')"
+    l=$(braid_run tcp write-lat -s 8 -n 100000 --poll-only)
+    echo "lat braid-tcp 8B typical_us $(echo "$l" | awk '{print $6}')"
+    # Bandwidth, MB/s (10^6): braid's BW column, UCX's average bandwidth (UCX prints MiB/s).
+    for s in 4M 16M; do
+        bytes=$((${s%M} << 20))
+        u=$(ucx_run ucp_put_bw "$bytes" $((4096 / ${s%M})))
+        echo "bw ucx-shm   $s put          MB/s $(echo "$u" | awk '{printf "%.1f", $6 * 1.048576}')"
+        for q in 1 default; do
+            depth=(); [ "$q" = 1 ] && depth=(-q 1)
+            for t in auto tcp; do
+                row=$(braid_run $t write -s "$s" "${depth[@]}" -D 3)
+                name=braid-shm; [ "$t" = tcp ] && name=braid-tcp
+                echo "bw $name $s depth-$q MB/s $(echo "$row" | awk '{print $3}') client_cpu_s/GB $(echo "$row" | awk '{print $5}') server_cpu_s/GB $(echo "$row" | awk '{print $6}')"
+            done
+        done
+    done
+done
