@@ -36,6 +36,9 @@ pub(crate) struct RxCore {
     bulk: bool,
     /// The last read came back short: the socket was empty, no need to ask again now.
     drained: bool,
+    /// Bytes were read since the session was last told the rail is idle (an empty poll
+    /// need not tell it again: a busy-polling thread polls millions of times a second).
+    read_since_idle: bool,
     /// When the session last heard that payload bytes are arriving ([`clock_ns`]).
     progress_noted: u64,
     /// The socket's receive low-water mark as last set (1: the kernel's default).
@@ -52,6 +55,7 @@ impl RxCore {
             state: RxState::Header,
             bulk: false,
             drained: false,
+            read_since_idle: false,
             progress_noted: 0,
             lowat: 1,
         }
@@ -121,7 +125,7 @@ impl RxRail<'_> {
                         }
                         if self.c.drained {
                             self.set_lowat(1);
-                            self.ep.session.lock().on_rx_idle(self.rail);
+                            self.rx_idle();
                             match self.wait() {
                                 Some(step) => return step,
                                 None => continue,
@@ -138,11 +142,12 @@ impl RxRail<'_> {
                             Ok(n) => {
                                 self.c.end += n;
                                 self.c.drained = n < room;
+                                self.c.read_since_idle = true;
                                 continue;
                             }
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                                 self.set_lowat(1);
-                                self.ep.session.lock().on_rx_idle(self.rail);
+                                self.rx_idle();
                                 match self.wait() {
                                     Some(step) => return step,
                                     None => continue,
@@ -312,6 +317,7 @@ impl RxRail<'_> {
 
     /// Offers a header to the session; `Some` ends the receive loop.
     fn offer(&mut self, h: FrameHeader) -> Option<RxStep> {
+        self.c.read_since_idle = true;
         let mut s = self.ep.session.lock();
         let action = match s.on_frame(self.rail, &h, Instant::now()) {
             Ok(a) => a,
@@ -399,6 +405,14 @@ impl RxRail<'_> {
         let bytes = bytes.max(1);
         if bytes != self.c.lowat && self.c.link.set_wake_threshold(bytes).is_ok() {
             self.c.lowat = bytes;
+        }
+    }
+
+    /// Tells the session the rail has nothing more to read now, if bytes came since it was
+    /// last told (it may acknowledge them).
+    fn rx_idle(&mut self) {
+        if std::mem::take(&mut self.c.read_since_idle) {
+            self.ep.session.lock().on_rx_idle(self.rail);
         }
     }
 

@@ -254,7 +254,7 @@ impl ShmLink {
 
     /// Copies stream bytes into `dest` until it is full or the ring empty; `WouldBlock`
     /// when nothing was there, `Ok(0)` at the end of a closed link.
-    fn take(&self, dest: &mut Dest) -> io::Result<usize> {
+    fn take(&self, dest: &mut Dest<'_>) -> io::Result<usize> {
         let mut c = self.rxc.lock();
         let mut got = 0usize;
         while dest.room() > 0 && !dest.faulted {
@@ -479,14 +479,15 @@ impl Transport for ShmLink {
             .map(|(p, off, len)| (unsafe { p.add(off) }, len))
             .collect();
         runs.extend(tail);
-        let mut dest = Dest::new(runs, fragile);
+        let mut dest = Dest::new(&runs, fragile);
         let asked = dest.room();
         let got = self.take(&mut dest)?;
         Ok(Received { got, asked })
     }
 
     fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut dest = Dest::new(vec![(buf.as_mut_ptr(), buf.len())], false);
+        let run = [(buf.as_mut_ptr(), buf.len())];
+        let mut dest = Dest::new(&run, false);
         self.take(&mut dest)
     }
 

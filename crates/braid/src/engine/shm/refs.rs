@@ -248,8 +248,8 @@ fn recv_one(sock: &UnixStream, msg: &mut [u8]) -> io::Result<Option<OwnedFd>> {
 }
 
 /// Where received bytes go: the destination pieces in order, then nothing.
-pub(super) struct Dest {
-    runs: Vec<(*mut u8, usize)>,
+pub(super) struct Dest<'a> {
+    runs: &'a [(*mut u8, usize)],
     idx: usize,
     off: usize,
     /// The pieces may be file pages (copies go through the kernel).
@@ -258,8 +258,8 @@ pub(super) struct Dest {
     pub(super) faulted: bool,
 }
 
-impl Dest {
-    pub(super) fn new(runs: Vec<(*mut u8, usize)>, fragile: bool) -> Dest {
+impl<'a> Dest<'a> {
+    pub(super) fn new(runs: &'a [(*mut u8, usize)], fragile: bool) -> Dest<'a> {
         Dest {
             runs,
             idx: 0,
