@@ -7,8 +7,10 @@
 # Per round: 8 B write_with_imm ping-pong (busy polling) against `ucx_perftest -t tag_lat`
 # (UCX_TLS=shm,self); 4 MiB and 16 MiB RMA writes at depth 1 (one buffer each side, as
 # ucx_perftest's put_bw) and at braid bench's default depth (16 MiB in flight) against
-# `ucx_perftest -t ucp_put_bw` and against braid over TCP loopback. Every process it starts
-# ends with the round (bench servers serve one client; ucx_perftest servers one test).
+# `ucx_perftest -t ucp_put_bw` and against braid over TCP loopback. ucx_perftest busy-polls,
+# so braid's runs do too (`--spin-us 1000000`: both sides spin in their completion waits).
+# Every process it starts ends with the round (bench servers serve one client;
+# ucx_perftest servers one test).
 set -euo pipefail
 B=${1:?usage: same-host.sh BRAID [ROUNDS]}
 ROUNDS=${2:-3}
@@ -61,7 +63,7 @@ for r in $(seq "$ROUNDS"); do
         for q in 1 default; do
             depth=(); [ "$q" = 1 ] && depth=(-q 1)
             for t in auto tcp; do
-                row=$(braid_run $t write -s "$s" "${depth[@]}" -D 3)
+                row=$(braid_run $t write -s "$s" "${depth[@]}" -D 3 --spin-us 1000000)
                 name=braid-shm; [ "$t" = tcp ] && name=braid-tcp
                 echo "bw $name $s depth-$q MB/s $(echo "$row" | awk '{print $3}') client_cpu_s/GB $(echo "$row" | awk '{print $5}') server_cpu_s/GB $(echo "$row" | awk '{print $6}')"
             done

@@ -118,6 +118,8 @@ fn verified_four_rail_write_between_namespaces() {
     let text = std::fs::read_to_string(&json).expect("client JSON");
     let _ = std::fs::remove_file(&json);
     let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    // The hosts are namespaces of one machine: their rails must stay TCP (NICs, not memory).
+    assert_eq!(v["transport"], serde_json::Value::from("tcp"), "{text}");
     let r = &v["results"][0];
     assert_eq!(r["verified"], serde_json::Value::Bool(true), "{text}");
     assert_eq!(r["iterations"].as_u64(), Some(ITERS), "{text}");
