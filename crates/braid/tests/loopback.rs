@@ -8,20 +8,10 @@ mod cases;
 use braid::{EndpointOptions, RailTransport};
 use common::Pair;
 
-const TRANSPORT: RailTransport = RailTransport::Auto;
-
-/// A pair whose rails are all carried by [`TRANSPORT`].
 fn pair(rails: usize) -> Pair {
     pair_with(rails, |_| {})
 }
 
 fn pair_with(rails: usize, tune: impl Fn(&mut EndpointOptions)) -> Pair {
-    let p = common::pair_with(rails, |o| {
-        o.transport = TRANSPORT;
-        tune(o)
-    });
-    for ep in [&p.client, &p.server] {
-        assert_eq!(ep.rail_transports(), vec!["shm"; rails]);
-    }
-    p
+    common::pair_over(RailTransport::Auto, "shm", rails, tune)
 }

@@ -14,3 +14,21 @@ pub use braid_testkit::loopback::{Pair, WAIT, expect_ok, next, pair, pair_with, 
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     braid_testkit::pattern::pattern(len, seed)
 }
+
+/// A pair whose rails all use `transport`, checked to be carried by `kind` (`shm` or `tcp`)
+/// on both sides: the loopback cases run once per transport.
+pub fn pair_over(
+    transport: braid::RailTransport,
+    kind: &str,
+    rails: usize,
+    tune: impl Fn(&mut braid::EndpointOptions),
+) -> Pair {
+    let p = pair_with(rails, |o| {
+        o.transport = transport;
+        tune(o)
+    });
+    for ep in [&p.client, &p.server] {
+        assert_eq!(ep.rail_transports(), vec![kind; rails]);
+    }
+    p
+}

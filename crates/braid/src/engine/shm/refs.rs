@@ -54,11 +54,13 @@ pub(super) fn send_fds(
     Ok(())
 }
 
-/// Receives exactly `msg.len()` bytes and the `N` descriptors that came with them.
-pub(super) fn recv_fds<const N: usize>(
+/// Receives one message of exactly `msg.len()` bytes and the descriptors that came with
+/// it.
+fn recv_msg(
     sock: &UnixStream,
     msg: &mut [u8],
-) -> io::Result<[OwnedFd; N]> {
+    flags: rustix::net::RecvFlags,
+) -> io::Result<Vec<OwnedFd>> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
@@ -66,29 +68,34 @@ pub(super) fn recv_fds<const N: usize>(
         sock,
         &mut [io::IoSliceMut::new(msg)],
         &mut cmsg,
-        RecvFlags::CMSG_CLOEXEC,
+        flags | RecvFlags::CMSG_CLOEXEC,
     )?;
     let mut got = Vec::new();
     for m in cmsg.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
-            // Descriptors past the N expected close here.
             got.extend(fds);
         }
     }
-    got.truncate(N);
-    if r.bytes == 0 {
-        return Err(io::Error::new(
+    match r.bytes {
+        n if n == msg.len() => Ok(got),
+        0 => Err(io::Error::new(
             io::ErrorKind::UnexpectedEof,
             "the peer closed the socket",
-        ));
+        )),
+        n => Err(bad(format!("a short message of {n} bytes"))),
     }
-    match <[OwnedFd; N]>::try_from(got) {
-        Ok(fds) if r.bytes == msg.len() => Ok(fds),
-        _ => Err(bad(format!(
-            "the peer sent {} bytes and not the {N} descriptor(s) expected",
-            r.bytes
-        ))),
-    }
+}
+
+/// Receives exactly `msg.len()` bytes and the `N` descriptors that came with them (more
+/// close here).
+pub(super) fn recv_fds<const N: usize>(
+    sock: &UnixStream,
+    msg: &mut [u8],
+) -> io::Result<[OwnedFd; N]> {
+    let mut fds = recv_msg(sock, msg, rustix::net::RecvFlags::empty())?;
+    let n = fds.len();
+    fds.truncate(N);
+    <[OwnedFd; N]>::try_from(fds).map_err(|_| bad(format!("{n} descriptor(s) came, {N} expected")))
 }
 
 /// The sending half: which of this process's region files the peer has.
@@ -215,36 +222,12 @@ impl PeerFiles {
     }
 }
 
-/// Receives one message of exactly `msg.len()` bytes, without waiting, and the descriptor
-/// that came with it, if any (a second one closes here).
+/// Receives one message of exactly `msg.len()` bytes without waiting, and the descriptor
+/// that came with it, if any.
 fn recv_one(sock: &UnixStream, msg: &mut [u8]) -> io::Result<Option<OwnedFd>> {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
-    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
-    let r = rustix::net::recvmsg(
-        sock,
-        &mut [io::IoSliceMut::new(msg)],
-        &mut cmsg,
-        RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
-    )?;
-    let mut got = None;
-    for m in cmsg.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = m {
-            for f in fds {
-                got.get_or_insert(f);
-            }
-        }
-    }
-    match r.bytes {
-        n if n == msg.len() => Ok(got),
-        0 => Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "the peer closed the region-file socket",
-        )),
-        n => Err(bad(format!(
-            "a short message of {n} bytes on the region-file socket"
-        ))),
-    }
+    Ok(recv_msg(sock, msg, rustix::net::RecvFlags::DONTWAIT)?
+        .into_iter()
+        .next())
 }
 
 /// Where received bytes go: the destination pieces in order, then nothing.
