@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
-/// Bytes of each direction's data area unless configured otherwise.
-pub(crate) const DEFAULT_RING_BYTES: usize = 4 << 20;
+/// Bytes of each direction's data area: headers, small payloads and memory that is not in a
+/// region file cross it; large payloads in region files go by reference and take 24 bytes.
+pub(crate) const DEFAULT_RING_BYTES: usize = 1 << 20;
 /// Bounds on a ring's data area (a peer's memfd outside them is refused).
 pub(super) const MIN_RING_BYTES: usize = 64 << 10;
 const MAX_RING_BYTES: usize = 256 << 20;
