@@ -30,7 +30,20 @@ pub(super) struct TxState {
     /// The last send failed with `EFAULT` (file pages truncated under a frame): the first
     /// frame is sent alone until it is out, to tell which frame it was.
     pub(super) solo: bool,
+    /// The gather list of one send, kept between sends so that a send allocates nothing.
+    scratch: Scratch,
 }
+
+/// The pieces of one send and whether each is stable (see `Transport::send`).
+#[derive(Default)]
+struct Scratch {
+    pieces: Vec<(*const u8, usize)>,
+    stable: Vec<bool>,
+}
+
+// SAFETY: the pointers are only used while the frames they come from are in the batch
+// beside them (cleared before each send is built), under the rail's transmit lock.
+unsafe impl Send for Scratch {}
 
 impl TxState {
     pub(super) fn new(link: Arc<dyn Transport>) -> TxState {
@@ -39,6 +52,7 @@ impl TxState {
             batch: VecDeque::new(),
             off: 0,
             solo: false,
+            scratch: Scratch::default(),
         }
     }
 }
@@ -111,20 +125,27 @@ impl EndpointShared {
             if tx.batch.is_empty() {
                 return Ok(Flush::Idle);
             }
-            let mut pieces = Vec::with_capacity(2 * tx.batch.len());
-            let mut stable = Vec::with_capacity(2 * tx.batch.len());
+            let mut scratch = std::mem::take(&mut tx.scratch);
+            scratch.pieces.clear();
+            scratch.stable.clear();
             let mut fragile = false;
             for t in tx.batch.iter().take(if tx.solo { 1 } else { usize::MAX }) {
-                pieces.push((t.header.as_ptr(), HEADER_LEN));
-                pieces.extend_from_slice(&t.payload);
+                scratch.pieces.push((t.header.as_ptr(), HEADER_LEN));
+                scratch.pieces.extend_from_slice(&t.payload);
                 // A read response's source is released once the frame is written, and the
                 // target's next requests may change it: only requests' payloads are stable.
                 let keeps = t.read_response.is_none();
-                stable.push(false);
-                stable.extend(std::iter::repeat_n(keeps, t.payload.len()));
+                scratch.stable.push(false);
+                scratch
+                    .stable
+                    .extend(std::iter::repeat_n(keeps, t.payload.len()));
                 fragile |= t.fragile();
             }
-            match tx.link.send(&pieces, tx.off, fragile, &stable) {
+            let sent = tx
+                .link
+                .send(&scratch.pieces, tx.off, fragile, &scratch.stable);
+            tx.scratch = scratch;
+            match sent {
                 Ok(n) => {
                     tx.off += n;
                     if tx.solo && tx.batch.front().is_some_and(|t| t.len() <= tx.off) {
