@@ -73,6 +73,9 @@ struct RxCursor {
 struct TxCursor {
     head: u64,
     stream_head: u64,
+    /// The consumer's `tail` as last read: the room it leaves is read again only when a
+    /// send needs more (the line the consumer writes is not fetched on every send).
+    tail_seen: u64,
 }
 
 /// A same-host rail: a ring each way in shared memory, the Unix socket to the peer as
@@ -130,6 +133,7 @@ impl ShmLink {
             txc: Mutex::new(TxCursor {
                 head: 0,
                 stream_head: 0,
+                tail_seen: 0,
             }),
             rxc: Mutex::new(RxCursor {
                 tail: 0,
@@ -384,11 +388,21 @@ impl Transport for ShmLink {
         let c = self.tx.ctrl();
         let mut cur = self.txc.lock();
         let head = cur.head;
-        let mut room = self.tx.cap() - self.tx.used(head, c.tail.load(Ordering::Acquire))?;
+        // What this send could use: its bytes and a record header per piece.
+        let need = runs(pieces, skip)
+            .map(|r| r.2 as u64 + REF_HDR as u64)
+            .sum::<u64>()
+            .min(self.tx.cap());
+        let mut room = self.tx.cap() - self.tx.used(head, cur.tail_seen)?;
+        if room < need {
+            cur.tail_seen = c.tail.load(Ordering::Acquire);
+            room = self.tx.cap() - self.tx.used(head, cur.tail_seen)?;
+        }
         if room < MIN_ROOM {
             c.writer_armed.store(1, Ordering::Relaxed);
             fence(Ordering::SeqCst);
-            room = self.tx.cap() - self.tx.used(head, c.tail.load(Ordering::Acquire))?;
+            cur.tail_seen = c.tail.load(Ordering::Acquire);
+            room = self.tx.cap() - self.tx.used(head, cur.tail_seen)?;
             if room < MIN_ROOM {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
