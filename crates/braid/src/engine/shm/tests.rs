@@ -447,3 +447,45 @@ fn the_peer_lets_go_of_a_freed_regions_file() {
     assert_eq!(b.rxc.lock().files.mapped(), 1, "the first file was let go");
     assert_eq!(a.sharer.given_count(), 1);
 }
+
+/// The ring alone, between two threads: 8 B ping-pong, busy polling. A floor for braid's
+/// same-host latency (`cargo test --release -p braid --lib ring_ping_pong -- --ignored
+/// --nocapture`); the session, the engine and the completion queue come on top.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn ring_ping_pong_one_way_latency() {
+    const N: usize = 200_000;
+    let (a, b) = pair(SMALL);
+    let echo = std::thread::spawn(move || {
+        let mut m = [0u8; 8];
+        for _ in 0..N {
+            loop {
+                match b.recv(&mut m) {
+                    Ok(8) => break,
+                    Ok(n) => panic!("short read {n}"),
+                    Err(_) => std::hint::spin_loop(),
+                }
+            }
+            assert_eq!(send_all(&b, &m), 8);
+        }
+    });
+    let mut m = [0u8; 8];
+    let t = std::time::Instant::now();
+    for i in 0..N {
+        m[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        assert_eq!(send_all(&a, &m), 8);
+        loop {
+            match a.recv(&mut m) {
+                Ok(8) => break,
+                Ok(n) => panic!("short read {n}"),
+                Err(_) => std::hint::spin_loop(),
+            }
+        }
+    }
+    let one_way = t.elapsed().as_nanos() as f64 / N as f64 / 2.0;
+    echo.join().expect("echo thread");
+    eprintln!(
+        "ring alone: 8 B one way {:.0} ns (mean of {N} round trips)",
+        one_way
+    );
+}
