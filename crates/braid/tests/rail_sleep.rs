@@ -246,3 +246,44 @@ fn waiters_receive_every_message_once(waiters: usize) {
         assert_eq!(c.load(Ordering::Acquire), 1, "message {n}");
     }
 }
+
+/// Endpoints made one after another on one completion queue, each dropped before the next:
+/// a new endpoint's socket may get a closed one's descriptor number, and the thread that
+/// sleeps on the queue's rails must still hear it (it once kept the old registration, which
+/// the kernel had dropped, and slept through the new endpoint's replies).
+#[test]
+fn a_new_endpoint_under_a_reused_descriptor_still_wakes_the_sleeping_thread() {
+    use braid::{Context, EndpointOptions, RailAddr, RailTransport};
+    let server = Context::new().unwrap();
+    let scq = server.create_cq(64);
+    let listener = server.listen(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    let addr = listener.local_addrs()[0];
+    let target = server.alloc_region(1 << 20, Access::all()).unwrap();
+    let key = target.remote_key();
+    const ENDPOINTS: usize = 6;
+    let sopts = EndpointOptions::new(&scq);
+    let acceptor = std::thread::spawn(move || {
+        (0..ENDPOINTS)
+            .map(|_| listener.accept(&sopts, WAIT).unwrap())
+            .collect::<Vec<_>>()
+    });
+    let client = Context::new().unwrap();
+    let cq = client.create_cq(64);
+    cq.set_spin(Duration::ZERO);
+    cq.set_sleep_on_rails(true);
+    let src = client.alloc_region(1 << 20, Access::all()).unwrap();
+    for i in 0..ENDPOINTS {
+        let mut opts = EndpointOptions::new(&cq);
+        opts.transport = if i % 2 == 0 {
+            RailTransport::Auto
+        } else {
+            RailTransport::Tcp
+        };
+        let ep = client.connect(&[RailAddr::new(None, addr)], &opts).unwrap();
+        ep.write(i as u64, &[src.as_sge()], &key, 0).unwrap();
+        let c = cq.wait(WAIT).expect("the write completes");
+        assert_eq!(c.status, Status::Success, "endpoint {i}: {c:?}");
+        drop(ep);
+    }
+    acceptor.join().unwrap();
+}

@@ -26,7 +26,8 @@ const WAKER: Token = Token(usize::MAX);
 pub(super) struct RailSet {
     poll: Poll,
     events: Events,
-    /// Descriptors in the set, with the generation of the link each belonged to when added.
+    /// Descriptors in the set, with the link (a process-wide id) each belonged to when
+    /// added: a descriptor number can come back for another endpoint's link.
     registered: HashMap<RawFd, u64>,
 }
 

@@ -49,6 +49,12 @@ pub(crate) fn clock_ns() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
 }
 
+/// A process-wide name for a new link (see `RailIo::link_gen`).
+fn next_link_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// One rail's link (see [`transport`]) with its transmit and receive state. The link is
 /// replaced when a failed rail is re-established.
 pub(crate) struct RailIo {
@@ -61,7 +67,9 @@ pub(crate) struct RailIo {
     /// The engine has left this rail's reads to a polling thread (see
     /// [`EndpointShared::polled_inline`]).
     muted: AtomicBool,
-    /// Counts the links this rail has had: a new link may reuse the old socket's number.
+    /// Names the current link, unique in the process: a new link (of this rail or of
+    /// another endpoint) may reuse a closed socket's number, and whoever keeps descriptors
+    /// in an epoll set must tell the two apart.
     link_gen: AtomicU64,
     tx: Mutex<TxState>,
     rx: Mutex<RxCore>,
@@ -73,7 +81,7 @@ impl RailIo {
             fd: AtomicI32::new(link.readiness_fd()),
             tx_blocked: AtomicBool::new(false),
             muted: AtomicBool::new(false),
-            link_gen: AtomicU64::new(0),
+            link_gen: AtomicU64::new(next_link_id()),
             rx: Mutex::new(RxCore::new(link.clone())),
             tx: Mutex::new(TxState::new(link)),
         }
@@ -108,7 +116,7 @@ impl RailIo {
     fn replace(&self, link: Arc<dyn Transport>) {
         let mut tx = self.tx.lock();
         self.fd.store(link.readiness_fd(), Ordering::Release);
-        self.link_gen.fetch_add(1, Ordering::AcqRel);
+        self.link_gen.store(next_link_id(), Ordering::Release);
         tx.link = link.clone();
         tx.batch.clear();
         tx.off = 0;
