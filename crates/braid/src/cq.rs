@@ -33,7 +33,7 @@ pub(crate) trait Driver: Send + Sync {
     fn drive_before_sleep(&self);
     /// The polling thread stops polling: progress goes back to the engine thread.
     fn release(&self);
-    /// Appends each live rail's socket with the generation of its link (none once the
+    /// Appends each live rail's socket with its link's process-wide id (none once the
     /// endpoint is closed).
     fn rail_fds(&self, out: &mut Vec<(RawFd, u64)>);
     /// A thread starts (`true`) or stops sleeping on the rails; meanwhile the engine

@@ -531,7 +531,7 @@ impl ListenerShared {
         let mut pending = self.pending.lock();
         let Some(p) = pending
             .get_mut(&hello.session_id)
-            .filter(|p| p.rails[idx].is_none())
+            .filter(|p| p.rails.len() == hello.rail_count as usize && p.rails[idx].is_none())
         else {
             return Err(Error::InvalidArgument(
                 "the session was dropped while its rail was set up".into(),

@@ -45,8 +45,8 @@ impl RailSet {
         ))
     }
 
-    /// Makes the set hold exactly `fds` (descriptor, link generation): a rail whose link
-    /// was replaced may have a new socket under the old number.
+    /// Makes the set hold exactly `fds` (descriptor, link id): a replaced link, or another
+    /// endpoint's, may have a new socket under an old number.
     fn sync(&mut self, fds: &[(RawFd, u64)]) {
         let RailSet {
             poll, registered, ..
