@@ -6,6 +6,9 @@
 # usage: scripts/ab-nothing-slower.sh BRAID_A BRAID_B [ROUNDS]
 set -u
 A=$1; B=$2; R=${3:-3}
+# The loopback latency compares braid's TCP path: builds with same-host rails would
+# otherwise use shared-memory rings there (BRAID_TRANSPORT=auto to measure those).
+export BRAID_TRANSPORT=${BRAID_TRANSPORT:-tcp}
 out=$(mktemp -d); trap 'rm -rf "$out"; "$A" testbed down --name abns >/dev/null 2>&1' EXIT
 bin() { if [ "$1" = A ]; then echo "$A"; else echo "$B"; fi; }
 for i in $(seq 1 "$R"); do

@@ -117,7 +117,13 @@ impl Env {
     fn command(&self, host: usize, exe: &Path) -> Command {
         match self {
             Env::Netns(tb) => tb.command(host, exe),
-            Env::Loopback => Command::new(exe),
+            Env::Loopback => {
+                // The demo measures rails, not memory: processes on one host would otherwise
+                // move their rails onto shared-memory rings (braid::RailTransport).
+                let mut c = Command::new(exe);
+                c.env(braid::TRANSPORT_ENV, "tcp");
+                c
+            }
         }
     }
 
