@@ -348,6 +348,20 @@ pub fn metadata_loop(dir: &Path, max_files: u64, limit: Duration) -> Result<Meas
         std::thread::sleep(Duration::from_millis(20));
         rest = left(dir)?;
     }
+    if !rest.is_empty() && rest.iter().all(|n| n.starts_with(".fuse_hidden")) {
+        // An unlink that raced the RELEASE inside libfuse leaves the hidden file for good
+        // (1 workspace run in 2 on 2026-11-27; sshfs 3 takes no `hard_remove`). The names
+        // are gone, as the loop asked: libfuse's leftovers are cleared, not counted.
+        eprintln!(
+            "fs bench: {} left {} hidden file(s) of unlinked files (libfuse's unlink/release race); removing them",
+            dir.display(),
+            rest.len()
+        );
+        for n in &rest {
+            fs::remove_file(dir.join(n))?;
+        }
+        rest = left(dir)?;
+    }
     if !rest.is_empty() {
         bail!(
             "{} is not empty after the loop: {}",
