@@ -9,6 +9,10 @@
 # ucx_perftest's put_bw) and at braid bench's default depth (16 MiB in flight) against
 # `ucx_perftest -t ucp_put_bw` and against braid over TCP loopback. ucx_perftest busy-polls,
 # so braid's runs do too (`--spin-us 1000000`: both sides spin in their completion waits).
+# The write rows measure single copy (BRAID_PAGE_EXCHANGE=0). Then page exchange: 16 MiB
+# sends at depth 1, single copy against page exchange, with the sender's buffer untouched
+# between sends or rewritten before each (--rewrite), and the receiver touching every page
+# it receives (--touch) or not.
 # Every process it starts ends with the round (bench servers serve one client;
 # ucx_perftest servers one test).
 set -euo pipefail
@@ -22,12 +26,13 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 # braid TRANSPORT ARGS...: one bench client against a fresh server; prints the result row.
+# EX=1 turns page exchange on (both sides).
 braid_run() {
     local t=$1; shift
-    BRAID_TRANSPORT=$t "$B" bench server --listen 127.0.0.1:$PORT >/dev/null 2>&1 &
+    BRAID_PAGE_EXCHANGE=${EX:-0} BRAID_TRANSPORT=$t "$B" bench server --listen 127.0.0.1:$PORT >/dev/null 2>&1 &
     pids+=($!)
     local srv=$!
-    BRAID_TRANSPORT=$t "$B" bench "$@" --rails 127.0.0.1=127.0.0.1:$PORT 2>&1 | grep -E '^ +[0-9]' | tail -1
+    BRAID_PAGE_EXCHANGE=${EX:-0} BRAID_TRANSPORT=$t "$B" bench "$@" --rails 127.0.0.1=127.0.0.1:$PORT 2>&1 | grep -E '^ +[0-9]' | tail -1
     wait "$srv" 2>/dev/null || true
 }
 
@@ -67,6 +72,20 @@ for r in $(seq "$ROUNDS"); do
                 name=braid-shm; [ "$t" = tcp ] && name=braid-tcp
                 echo "bw $name $s depth-$q MB/s $(echo "$row" | awk '{print $3}') client_cpu_s/GB $(echo "$row" | awk '{print $5}') server_cpu_s/GB $(echo "$row" | awk '{print $6}')"
             done
+        done
+    done
+    # Page exchange against single copy, MB/s and the client's (sender's) CPU per GB.
+    for v in untouched touch rewrite rewrite-touch; do
+        flags=()
+        case $v in
+        touch) flags=(--touch) ;;
+        rewrite) flags=(--rewrite) ;;
+        rewrite-touch) flags=(--rewrite --touch) ;;
+        esac
+        for ex in 0 1; do
+            row=$(EX=$ex braid_run auto send -s 16M -q 1 -D 3 --spin-us 1000000 "${flags[@]}")
+            name=copy; [ "$ex" = 1 ] && name=exchange
+            echo "px send 16M $v $name MB/s $(echo "$row" | awk '{print $3}') client_cpu_s/GB $(echo "$row" | awk '{print $5}')"
         done
     done
 done

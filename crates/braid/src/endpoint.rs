@@ -89,10 +89,35 @@ pub struct EndpointOptions {
     /// Which transport carries the rails (by default from `BRAID_TRANSPORT`, else
     /// [`RailTransport::Auto`]).
     pub transport: RailTransport,
+    /// On same-host rails, payloads of whole pages (64 KiB or more, page-aligned, in
+    /// regions braid allocated) are sent by *page exchange*: the receiver maps the sender's
+    /// pages copy-on-write instead of copying them (see `docs/PROTOCOL.md`, "Page
+    /// exchange"). By default from `BRAID_PAGE_EXCHANGE`, else on. Each side decides for
+    /// what it sends.
+    pub page_exchange: bool,
 }
 
 /// Environment variable choosing [`EndpointOptions::transport`]: `auto` or `tcp`.
 pub const TRANSPORT_ENV: &str = "BRAID_TRANSPORT";
+
+/// Environment variable choosing [`EndpointOptions::page_exchange`]: `1`/`on` or `0`/`off`.
+pub const PAGE_EXCHANGE_ENV: &str = "BRAID_PAGE_EXCHANGE";
+
+/// [`EndpointOptions::page_exchange`] as `BRAID_PAGE_EXCHANGE` says; on when unset. A value
+/// that is neither on nor off is reported and taken as on.
+pub(crate) fn page_exchange_from_env() -> bool {
+    match std::env::var(PAGE_EXCHANGE_ENV) {
+        Err(_) => true,
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "0" | "off" | "false" | "no" => false,
+            "1" | "on" | "true" | "yes" | "" => true,
+            other => {
+                tracing::warn!("{PAGE_EXCHANGE_ENV}={other}: expected on or off; using on");
+                true
+            }
+        },
+    }
+}
 
 /// Which transport carries an endpoint's rails (as `UCX_TLS` chooses UCX's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -133,6 +158,7 @@ impl EndpointOptions {
             session: SessionConfig::default(),
             connect_timeout: Duration::from_secs(10),
             transport: RailTransport::from_env(),
+            page_exchange: page_exchange_from_env(),
         }
     }
 

@@ -50,6 +50,6 @@ pub use braid_proto::{
 pub use context::{Context, ContextConfig, Listener, SECRET_ENV, SECRET_FILE_ENV};
 pub use cq::{ArmedQueue, CompletionQueue, NextCompletion};
 pub use endpoint::{
-    Endpoint, EndpointOptions, Op, PostListError, RailAddr, RailTransport, TRANSPORT_ENV,
-    WorkRequest,
+    Endpoint, EndpointOptions, Op, PAGE_EXCHANGE_ENV, PostListError, RailAddr, RailTransport,
+    TRANSPORT_ENV, WorkRequest,
 };

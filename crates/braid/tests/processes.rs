@@ -55,17 +55,21 @@ impl Drop for ChildGuard {
     }
 }
 
-fn spawn_server() -> (ChildGuard, Vec<SocketAddr>) {
+type Lines = std::io::Lines<BufReader<std::process::ChildStdout>>;
+
+/// Runs this binary's ignored test `name` as a child with `role` set, until it prints the
+/// addresses it listens on.
+fn spawn_child(name: &str, role: &str) -> (ChildGuard, Vec<SocketAddr>, Lines) {
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
         .args([
             "--ignored",
             "--exact",
-            "child_server",
+            name,
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(ROLE, "1")
+        .env(role, "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -86,6 +90,11 @@ fn spawn_server() -> (ChildGuard, Vec<SocketAddr>) {
                 .collect::<Vec<SocketAddr>>();
         }
     };
+    (guard, addrs, lines)
+}
+
+fn spawn_server() -> (ChildGuard, Vec<SocketAddr>) {
+    let (guard, addrs, lines) = spawn_child("child_server", ROLE);
     // Keep draining the child's output so that its last lines do not hit a closed pipe.
     std::thread::spawn(move || lines.for_each(drop));
     (guard, addrs)
@@ -241,4 +250,79 @@ fn silent_peer_is_detected_within_the_configured_timeout() {
         "detected after {took:?}"
     );
     assert!(took < Duration::from_secs(5), "detected after {took:?}");
+}
+
+const SENDER_ROLE: &str = "BRAID_TEST_CHILD_SENDER";
+const EXCHANGED: usize = 16 << 20;
+
+/// The sending process of the page-exchange test: sends a 16 MiB pattern on one rail,
+/// overwrites its buffer once the send completed, says so, and waits to be killed.
+#[test]
+#[ignore = "runs only as the child process of the page-exchange test"]
+fn child_sender() {
+    if std::env::var(SENDER_ROLE).is_err() {
+        return;
+    }
+    let ctx = Context::new().unwrap();
+    let cq = ctx.create_cq(64);
+    let l = ctx.listen(&[SocketAddr::new(rail_ip(0), 0)]).unwrap();
+    println!("LISTEN {}", l.local_addrs()[0]);
+    let ep = l.accept(&EndpointOptions::new(&cq), WAIT).unwrap();
+    let src = ctx.alloc_region(EXCHANGED, Access::all()).unwrap();
+    src.write_at(0, &pattern(11, EXCHANGED)).unwrap();
+    ep.send(1, &[src.as_sge()]).unwrap();
+    expect_ok(&cq, 1);
+    src.fill(0, EXCHANGED, 0xee).unwrap();
+    println!("SENT");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && !ep.is_closed() {
+        cq.wait(Duration::from_millis(200));
+    }
+}
+
+/// True when `addr` lies in a private (copy-on-write) mapping of this process.
+fn mapped_private(addr: *const u8) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let a = addr as usize;
+    maps.lines().any(|l| {
+        let mut f = l.split_whitespace();
+        let (range, perms) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+        let Some((lo, hi)) = range.split_once('-') else {
+            return false;
+        };
+        let lo = usize::from_str_radix(lo, 16).unwrap_or(usize::MAX);
+        let hi = usize::from_str_radix(hi, 16).unwrap_or(0);
+        lo <= a && a < hi && perms.ends_with('p')
+    })
+}
+
+/// Pages received by exchange from another process stay this process's copy when the
+/// sender rewrites its buffer and when it is killed.
+#[test]
+fn exchanged_pages_outlive_the_killed_sender_process() {
+    let (mut child, addrs, mut lines) = spawn_child("child_sender", SENDER_ROLE);
+    let ctx = Context::new().unwrap();
+    let cq = ctx.create_cq(64);
+    let mut opts = EndpointOptions::new(&cq);
+    opts.transport = RailTransport::Auto;
+    let ep = ctx
+        .connect(&[RailAddr::new(Some(rail_ip(0)), addrs[0])], &opts)
+        .unwrap();
+    assert_eq!(ep.rail_transports(), vec!["shm"]);
+    let dst = ctx.alloc_region(EXCHANGED, Access::all()).unwrap();
+    ep.post_recv(1, &[dst.as_sge()]).unwrap();
+    assert_eq!(expect_ok(&cq, 1).byte_len, EXCHANGED as u64);
+    assert!(mapped_private(dst.addr()), "mapped, not copied");
+    let sent = lines.any(|l| l.is_ok_and(|l| l.contains("SENT")));
+    assert!(sent, "the sender overwrote its buffer");
+    let data = pattern(11, EXCHANGED);
+    assert!(dst.to_vec(0, EXCHANGED).unwrap() == data);
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    assert!(dst.to_vec(0, EXCHANGED).unwrap() == data);
+    dst.write_at(0, b"mine").unwrap();
+    assert_eq!(
+        dst.to_vec(0, 6).unwrap(),
+        [b"mine" as &[u8], &data[4..6]].concat()
+    );
 }

@@ -158,6 +158,16 @@ pub struct ClientArgs {
     /// Fill sources with a per-iteration pattern and check every byte at the destination.
     #[arg(long)]
     pub verify: bool,
+    /// Write and send tests: before each operation the client writes its whole source slot
+    /// (a memset), as an application producing new data would. With page exchange on a
+    /// same-host rail, each page's first write after a send pays its copy-on-write.
+    #[arg(long, conflicts_with = "verify")]
+    pub rewrite: bool,
+    /// Send tests: the server reads one byte of every page of each message it receives,
+    /// as an application using the data would (pages received by page exchange are mapped
+    /// on that first touch).
+    #[arg(long)]
+    pub touch: bool,
     /// Write the results as JSON ({"results": [...]}) to FILE ("-" for stdout).
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -339,6 +349,9 @@ pub struct Setup {
     pub depth: usize,
     /// Check data.
     pub verify: bool,
+    /// Send tests: read one byte per page of each received message.
+    #[serde(default)]
+    pub touch: bool,
     /// Latency tests: block in `cq.wait` instead of busy-polling.
     pub wait_mode: bool,
     /// Longest the client will run the loop (the server waits this plus its timeout).

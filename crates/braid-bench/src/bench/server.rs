@@ -334,6 +334,12 @@ fn run_test(
                 let k = t.report.messages;
                 t.report.messages += 1;
                 t.report.bytes += c.byte_len;
+                if s.touch {
+                    let mut b = [0u8; 1];
+                    for at in (0..c.byte_len as usize).step_by(4096) {
+                        sge.region.read_at(sge.offset + at, &mut b)?;
+                    }
+                }
                 if s.verify && bad.is_none() {
                     if c.byte_len as usize != s.size {
                         bad = Some(format!(

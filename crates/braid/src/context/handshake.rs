@@ -72,7 +72,9 @@ pub(super) fn connect_rail(
         capabilities |= caps::REJOIN;
     }
     let offer = match opts.transport {
-        RailTransport::Auto => Offer::new(session_id, index, DEFAULT_RING_BYTES),
+        RailTransport::Auto => {
+            Offer::new(session_id, index, DEFAULT_RING_BYTES, opts.page_exchange)
+        }
         RailTransport::Tcp => None,
     };
     if offer.is_some() {

@@ -112,6 +112,9 @@ struct ListenerShared {
     /// Same-host offers are taken (`EndpointOptions::transport` of `accept`; before the
     /// first `accept`, `BRAID_TRANSPORT`).
     take_same_host: AtomicBool,
+    /// Same-host rails send by page exchange (`EndpointOptions::page_exchange` of
+    /// `accept`; before the first `accept`, `BRAID_PAGE_EXCHANGE`).
+    page_exchange: AtomicBool,
     chunk_size: std::sync::atomic::AtomicU32,
     closed: AtomicBool,
     /// Connections whose handshake is in progress.
@@ -156,6 +159,7 @@ impl Listener {
             ready_cv: parking_lot::Condvar::new(),
             want_crc: AtomicBool::new(false),
             take_same_host: AtomicBool::new(RailTransport::from_env() == RailTransport::Auto),
+            page_exchange: AtomicBool::new(crate::endpoint::page_exchange_from_env()),
             chunk_size: std::sync::atomic::AtomicU32::new(
                 braid_proto::SessionConfig::default().chunk_size as u32,
             ),
@@ -190,6 +194,8 @@ impl Listener {
             .store(opts.session.payload_crc, Ordering::Release);
         sh.take_same_host
             .store(opts.transport == RailTransport::Auto, Ordering::Release);
+        sh.page_exchange
+            .store(opts.page_exchange, Ordering::Release);
         sh.chunk_size
             .store(opts.session.chunk_size as u32, Ordering::Release);
         let deadline = Instant::now() + timeout;
@@ -461,6 +467,7 @@ impl ListenerShared {
                     o,
                     &hello.nonce,
                     deadline,
+                    self.page_exchange.load(Ordering::Acquire),
                 )?),
                 None => {
                     stream.set_read_timeout(None)?;

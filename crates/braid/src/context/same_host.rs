@@ -64,12 +64,20 @@ pub(super) struct Offer {
     listener: UnixListener,
     wire: SameHostOffer,
     ring_bytes: usize,
+    /// This side sends page-aligned payloads by page exchange.
+    exchange: bool,
 }
 
 impl Offer {
-    /// An offer for rail `rail` of session `session_id`; `None` (the rail stays TCP) when
-    /// the host cannot be identified or the socket cannot be made.
-    pub(super) fn new(session_id: u64, rail: u16, ring_bytes: usize) -> Option<Offer> {
+    /// An offer for rail `rail` of session `session_id` (`exchange`: this side sends by page
+    /// exchange); `None` (the rail stays TCP) when the host cannot be identified or the
+    /// socket cannot be made.
+    pub(super) fn new(
+        session_id: u64,
+        rail: u16,
+        ring_bytes: usize,
+        exchange: bool,
+    ) -> Option<Offer> {
         let host = host_identity()?;
         let token = random_u64();
         let listener = socket_name(session_id, rail, token)
@@ -81,6 +89,7 @@ impl Offer {
             listener,
             wire: SameHostOffer { host, token },
             ring_bytes,
+            exchange,
         })
     }
 
@@ -149,19 +158,26 @@ impl Offer {
             let file = RingFile::create(self.ring_bytes)?;
             let (files, files_end) = UnixStream::pair()?;
             shm::send_ring_file(&sock, &file, &files_end, RING_MSG)?;
-            return Ok(ShmLink::new(file, Side::Connector, sock, files)?);
+            return Ok(ShmLink::new(
+                file,
+                Side::Connector,
+                sock,
+                files,
+                self.exchange,
+            )?);
         }
     }
 }
 
 /// The acceptor's side: takes the ring `offer` names, proving itself with the hello's
-/// `nonce`, by `deadline`.
+/// `nonce`, by `deadline` (`exchange`: this side sends by page exchange).
 pub(super) fn take_ring(
     session_id: u64,
     rail: u16,
     offer: SameHostOffer,
     nonce: &[u8; NONCE_LEN],
     deadline: Instant,
+    exchange: bool,
 ) -> Result<ShmLink, Error> {
     let addr = socket_name(session_id, rail, offer.token)?;
     let sock = UnixStream::connect_addr(&addr)?;
@@ -191,7 +207,7 @@ pub(super) fn take_ring(
     }
     let (ring, files) = fd;
     let file = RingFile::open(ring)?;
-    Ok(ShmLink::new(file, Side::Acceptor, sock, files)?)
+    Ok(ShmLink::new(file, Side::Acceptor, sock, files, exchange)?)
 }
 
 #[cfg(test)]
@@ -231,7 +247,7 @@ mod tests {
     #[test]
     fn the_ring_goes_to_the_peer_with_the_proof_and_not_to_an_impostor() {
         const SESSION: u64 = 0xfeed;
-        let offer = Offer::new(SESSION, 2, shm::DEFAULT_RING_BYTES).expect("offer");
+        let offer = Offer::new(SESSION, 2, shm::DEFAULT_RING_BYTES, true).expect("offer");
         let wire = offer.wire();
         let nonce = [7u8; NONCE_LEN];
         let (tcp, _tcp_peer) = tcp_pair();
@@ -251,7 +267,7 @@ mod tests {
             0,
             "closed, nothing sent"
         );
-        let acceptor = take_ring(SESSION, 2, wire, &nonce, deadline).expect("take the ring");
+        let acceptor = take_ring(SESSION, 2, wire, &nonce, deadline, true).expect("take the ring");
         let connector = connector.join().expect("thread").expect("handed over");
         assert_eq!(
             connector
@@ -266,7 +282,7 @@ mod tests {
 
     #[test]
     fn the_connector_stops_waiting_when_the_acceptor_closes_the_rail() {
-        let offer = Offer::new(0xbeef, 0, shm::DEFAULT_RING_BYTES).expect("offer");
+        let offer = Offer::new(0xbeef, 0, shm::DEFAULT_RING_BYTES, true).expect("offer");
         let (tcp, tcp_peer) = tcp_pair();
         drop(tcp_peer);
         let deadline = Instant::now() + Duration::from_secs(20);

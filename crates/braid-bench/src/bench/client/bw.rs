@@ -87,8 +87,9 @@ pub(super) fn run_bw(
     } else {
         slots_for(size, plan.depth_for(size))
     };
-    // With --verify a local slot is reused only after its previous operation completed.
-    let depth = if plan.verify && !fetch {
+    // With --verify or --rewrite a local slot is reused only after its previous operation
+    // completed.
+    let depth = if (plan.verify || plan.rewrite) && !fetch {
         plan.depth_for(size).min(lslots)
     } else {
         plan.depth_for(size)
@@ -179,6 +180,9 @@ pub(super) fn run_bw(
             let slot = (i % lslots) as usize;
             let roff = (i % rslots) * size as u64;
             let sge = &sges[slot][..];
+            if plan.rewrite && matches!(op, Op::Write | Op::Send) {
+                local.fill(slot * size, size, i as u8)?;
+            }
             if plan.verify {
                 match op {
                     Op::Write | Op::Send => {

@@ -25,6 +25,10 @@ struct Plan {
     /// `-q`; `None`: `default_depth` of each size.
     depth: Option<usize>,
     verify: bool,
+    /// `--rewrite`: the source slot is written before each operation.
+    rewrite: bool,
+    /// `--touch`: the server touches every page it receives.
+    touch: bool,
     iters: u64,
     duration: Option<Duration>,
     max_seconds: f64,
@@ -49,6 +53,8 @@ impl Plan {
             rails: self.rails.clone(),
             depth: self.depth,
             verify: self.verify,
+            rewrite: self.rewrite,
+            touch: self.touch,
             iters: if self.iters == u64::MAX {
                 u64::MAX
             } else {
@@ -100,6 +106,8 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
         rails: a.rails.clone(),
         depth: if op.is_lat() { Some(1) } else { a.depth },
         verify: a.verify,
+        rewrite: a.rewrite,
+        touch: a.touch,
         iters,
         duration,
         // What the server allows for one loop: -D, else a generous bound (the client's own
@@ -159,10 +167,17 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
     let mut transports = peer.ep.rail_transports();
     transports.dedup();
     let transport = transports.join(",");
+    // What this side sends over same-host rails goes by page exchange when it can.
+    let page_exchange = opts.page_exchange && transports.contains(&"shm");
+    let carried = if page_exchange {
+        format!("{transport}, page exchange")
+    } else {
+        transport.clone()
+    };
     say(&output::header(
         op,
         rails.len(),
-        &transport,
+        &carried,
         plan.depth,
         a.verify,
         a.baseline,
@@ -239,6 +254,8 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
             rails: usize,
             /// What carried the rails: `tcp`, `shm` (same-host rings), or both.
             transport: &'a str,
+            /// The client sent whole pages by page exchange (`BRAID_PAGE_EXCHANGE`).
+            page_exchange: bool,
             rail_addrs: Vec<String>,
             results: &'a [Row],
         }
@@ -246,6 +263,7 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
             op: op.name(),
             rails: rails.len(),
             transport: &transport,
+            page_exchange,
             rail_addrs: a
                 .rails
                 .iter()
@@ -357,6 +375,7 @@ fn setup_for(op: Op, size: usize, plan: &Plan, wait_mode: bool) -> Setup {
         size,
         depth: plan.depth_for(size),
         verify: plan.verify,
+        touch: plan.touch,
         wait_mode,
         max_seconds: plan.max_seconds,
         spin_us: plan.spin_us,

@@ -29,19 +29,25 @@ use parking_lot::Mutex;
 
 use super::io::Received;
 use super::transport::{LinkSample, Transport};
+use braid_proto::mem::shared::SharedSpan;
 
 mod refs;
 mod ring;
 
-use refs::{Dest, PeerFiles, Sharer};
+use refs::{Dest, PeerFile, PeerFiles, Sharer};
 pub(crate) use ring::{DEFAULT_RING_BYTES, RingFile, Side};
 use ring::{Mapping, Ring};
 
 /// Payload pieces at least this long that lie in a shareable region file go by reference.
 const REF_MIN: usize = 8 << 10;
+/// Page-aligned payload pieces at least this long go by page exchange, when the link does.
+const EXCHANGE_MIN: usize = 64 << 10;
 /// Record tags.
 const INLINE: u8 = 1;
 const REF: u8 = 2;
+/// A reference to frozen pages (see [`braid_proto::mem::shared::exchange_span`]), which the
+/// receiver may map copy-on-write instead of copying.
+const EXCHANGE: u8 = 3;
 /// An inline record's header: tag, three zero bytes, length (u32).
 const INLINE_HDR: usize = 8;
 /// A reference record: the inline header's fields, then token and offset (u64 each).
@@ -57,8 +63,9 @@ enum Cur {
     None,
     /// Inline bytes left in the ring.
     Inline(u64),
-    /// Bytes left of a reference: the peer's file, where in it, how many.
-    Ref(Arc<Mapping>, u64, u64),
+    /// Bytes left of a reference: the peer's file, where in it, how many, and whether its
+    /// pages are frozen (may be mapped instead of copied).
+    Ref(Arc<PeerFile>, u64, u64, bool),
 }
 
 /// The consuming side's cursors and the record it is in.
@@ -90,6 +97,8 @@ pub(crate) struct ShmLink {
     bell: UnixStream,
     /// Shut down here, or the peer's end of the socket closed.
     ended: AtomicBool,
+    /// Page-aligned payloads go by page exchange.
+    exchange: bool,
     _map: Mapping,
 }
 
@@ -107,12 +116,14 @@ fn broken(why: String) -> io::Error {
 
 impl ShmLink {
     /// A link over `file`'s rings, this side being `side`, with `bell` connected to the
-    /// peer and `files` the socket for region files.
+    /// peer and `files` the socket for region files; `exchange`: page-aligned payloads go by
+    /// page exchange.
     pub(crate) fn new(
         file: RingFile,
         side: Side,
         bell: UnixStream,
         files: UnixStream,
+        exchange: bool,
     ) -> io::Result<ShmLink> {
         bell.set_nonblocking(true)?;
         files.set_nonblocking(true)?;
@@ -144,6 +155,7 @@ impl ShmLink {
             sharer: Sharer::new(files),
             bell,
             ended: AtomicBool::new(false),
+            exchange,
             _map: file.map,
         })
     }
@@ -238,15 +250,24 @@ impl ShmLink {
                 c.tail += INLINE_HDR as u64;
                 c.cur = Cur::Inline(len);
             }
-            REF if n == REF_HDR => {
+            tag @ (REF | EXCHANGE) if n == REF_HDR => {
                 let token = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
                 let off = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
-                let map = c.files.get(token)?;
-                if off.checked_add(len).is_none_or(|end| end > map.len as u64) {
+                let pf = c.files.get(token)?;
+                if off
+                    .checked_add(len)
+                    .is_none_or(|end| end > pf.map.len as u64)
+                {
                     return Err(broken(format!(
                         "reference past its file ({len} bytes at {off} of {})",
-                        map.len
+                        pf.map.len
                     )));
+                }
+                c.tail += REF_HDR as u64;
+                if tag == EXCHANGE {
+                    // Whole pages will be mapped, not read: nothing to fault in.
+                    c.cur = Cur::Ref(pf, off, len, true);
+                    return Ok(true);
                 }
                 // The pages are about to be read: fault them in with one call rather than
                 // one fault each. Only this range: the rest of the file may be holes. (The
@@ -257,13 +278,12 @@ impl ShmLink {
                 // SAFETY: a hint on a range of our own mapping (checked against its length).
                 unsafe {
                     libc::madvise(
-                        map.base.add(start as usize).cast(),
+                        pf.map.base.add(start as usize).cast(),
                         (off + len - start) as usize,
                         libc::MADV_POPULATE_READ,
                     );
                 }
-                c.tail += REF_HDR as u64;
-                c.cur = Cur::Ref(map, off, len);
+                c.cur = Cur::Ref(pf, off, len, false);
             }
             _ => return Err(broken(format!("bad record header {:02x?}", &h[..n]))),
         }
@@ -301,11 +321,23 @@ impl ShmLink {
                     }
                     got += put;
                 }
-                Cur::Ref(map, off, left) => {
+                Cur::Ref(pf, off, left, frozen) => {
                     let n = (*left as usize).min(dest.room());
-                    // SAFETY: within the peer's file (checked with the record), which is
-                    // sealed against shrinking.
-                    let put = unsafe { dest.put(map.base.add(*off as usize), n) };
+                    let mut put = 0;
+                    if *frozen {
+                        put = dest.adopt(&pf.file, *off, n);
+                        if put == 0 && got > 0 {
+                            // Not into whatever buffer took the bytes before (the engine
+                            // reads a frame's header with the start of its payload): the
+                            // next call brings the payload's own placement.
+                            break;
+                        }
+                    }
+                    if put < n {
+                        // SAFETY: within the peer's file (checked with the record), which is
+                        // sealed against shrinking.
+                        put += unsafe { dest.put(pf.map.base.add(*off as usize + put), n - put) };
+                    }
                     *off += put as u64;
                     *left -= put as u64;
                     if *left == 0 {
@@ -338,6 +370,22 @@ impl ShmLink {
             self.ring_bell();
         }
         Ok(got)
+    }
+
+    /// The file span holding `[src, src + len)` and the record tag naming it: frozen pages
+    /// for page exchange when the link does it and the span is whole pages, else the plain
+    /// region file (`None`: the bytes go inline).
+    fn shareable(&self, src: *const u8, len: usize) -> Option<(SharedSpan, u8)> {
+        use braid_proto::mem::shared;
+        if self.exchange
+            && len >= EXCHANGE_MIN
+            && (src as usize).is_multiple_of(shared::PAGE)
+            && len.is_multiple_of(shared::PAGE)
+            && let Some(span) = shared::exchange_span(src, len)
+        {
+            return Some((span, EXCHANGE));
+        }
+        shared::lookup(src, len).map(|span| (span, REF))
     }
 
     /// Writes an inline record of up to `len` bytes from `src` at ring position `pos`
@@ -430,13 +478,15 @@ impl Transport for ShmLink {
                 && stable.get(i).copied().unwrap_or(false)
                 && len >= REF_MIN
                 && end - pos >= REF_HDR as u64
-                && let Some(span) = braid_proto::mem::shared::lookup(src, len)
-                && self.sharer.give(&span)
+                && let Some((span, tag)) = self.shareable(src, len)
+                && self
+                    .sharer
+                    .give(&span, pos + REF_HDR as u64, c.tail.load(Ordering::Acquire))
             {
                 let whole = len;
                 let len = whole.min(u32::MAX as usize);
                 let mut h = [0u8; REF_HDR];
-                h[0] = REF;
+                h[0] = tag;
                 h[4..8].copy_from_slice(&(len as u32).to_le_bytes());
                 h[8..16].copy_from_slice(&span.token.to_le_bytes());
                 h[16..24].copy_from_slice(&span.offset.to_le_bytes());

@@ -8,9 +8,12 @@
 //! record that names it. The receiver checks its seals and size before mapping it, and maps
 //! at most [`MAX_PEER_FILES`] at once. When the sender has freed a region it gave, it says
 //! so (the token and size 0, no descriptor) before it gives the next file, and the receiver
-//! unmaps it: every operation that read it has completed, so no record names it any more.
+//! unmaps it. A file is let go only once the receiver has read past the last record that
+//! named it (the ring's `tail` against where that record ended): a file can stop being in
+//! use while a record naming it still waits in the ring (a span whose bytes moved to
+//! another file while an earlier send of it was in flight).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -20,7 +23,7 @@ use parking_lot::Mutex;
 use rustix::fs::SealFlags;
 
 use super::ring::{Mapping, map_shared};
-use braid_proto::mem::shared::SharedSpan;
+use braid_proto::mem::shared::{PAGE, SharedSpan};
 
 /// Region files of the peer's a link maps at most.
 pub(super) const MAX_PEER_FILES: usize = 4096;
@@ -98,17 +101,18 @@ pub(super) fn recv_fds<const N: usize>(
     <[OwnedFd; N]>::try_from(fds).map_err(|_| bad(format!("{n} descriptor(s) came, {N} expected")))
 }
 
-/// The sending half: which of this process's region files the peer has.
+/// The sending half: which of this process's region files the peer has, each with the
+/// ring position where the last record naming it ends.
 pub(super) struct Sharer {
     sock: UnixStream,
-    given: Mutex<HashSet<u64>>,
+    given: Mutex<HashMap<u64, u64>>,
 }
 
 impl Sharer {
     pub(super) fn new(sock: UnixStream) -> Sharer {
         Sharer {
             sock,
-            given: Mutex::new(HashSet::new()),
+            given: Mutex::new(HashMap::new()),
         }
     }
 
@@ -118,16 +122,19 @@ impl Sharer {
         self.given.lock().len()
     }
 
-    /// Makes sure the peer has `span`'s file; false when it cannot be given now (the
-    /// payload then goes inline).
-    pub(super) fn give(&self, span: &SharedSpan) -> bool {
+    /// Makes sure the peer has `span`'s file, for a record that ends at ring position
+    /// `record_end`; `read_to` is how far the peer has read the ring. False when the file
+    /// cannot be given now (the payload then goes inline).
+    pub(super) fn give(&self, span: &SharedSpan, record_end: u64, read_to: u64) -> bool {
         let mut given = self.given.lock();
-        if given.contains(&span.token) {
+        if let Some(end) = given.get_mut(&span.token) {
+            *end = record_end;
             return true;
         }
-        // Files of regions freed since: the peer may let them go.
-        given.retain(|&t| {
-            if braid_proto::mem::shared::is_live(t) {
+        // Files no longer in use here, and no longer named by a record the peer has yet to
+        // read: the peer may let them go.
+        given.retain(|&t, &mut end| {
+            if braid_proto::mem::shared::is_live(t) || read_to < end {
                 return true;
             }
             let mut msg = [0u8; 16];
@@ -148,7 +155,7 @@ impl Sharer {
         msg[8..].copy_from_slice(&span.file_len.to_le_bytes());
         match send_fds(&self.sock, &[span.fd.as_fd()], &msg) {
             Ok(()) => {
-                given.insert(span.token);
+                given.insert(span.token, record_end);
                 true
             }
             Err(e) => {
@@ -159,10 +166,17 @@ impl Sharer {
     }
 }
 
+/// A peer's region file: this side's read-only mapping, and the file itself (for page
+/// exchange).
+pub(super) struct PeerFile {
+    pub(super) map: Mapping,
+    pub(super) file: SharedSpan,
+}
+
 /// The receiving half: the peer's region files mapped here, by token.
 pub(super) struct PeerFiles {
     sock: UnixStream,
-    maps: HashMap<u64, Arc<Mapping>>,
+    maps: HashMap<u64, Arc<PeerFile>>,
 }
 
 impl PeerFiles {
@@ -175,7 +189,7 @@ impl PeerFiles {
 
     /// The mapping of the peer's file `token`, after reading the files it has sent (and
     /// those it let go) meanwhile.
-    pub(super) fn get(&mut self, token: u64) -> io::Result<Arc<Mapping>> {
+    pub(super) fn get(&mut self, token: u64) -> io::Result<Arc<PeerFile>> {
         loop {
             let mut msg = [0u8; 16];
             let fd = match recv_one(&self.sock, &mut msg) {
@@ -206,7 +220,13 @@ impl PeerFiles {
                 )));
             }
             let map = map_shared(&fd, len as usize, true)?;
-            self.maps.insert(t, Arc::new(map));
+            let file = SharedSpan {
+                fd: Arc::new(fd),
+                token: t,
+                file_len: len,
+                offset: 0,
+            };
+            self.maps.insert(t, Arc::new(PeerFile { map, file }));
         }
         self.maps.get(&token).cloned().ok_or_else(|| {
             bad(format!(
@@ -259,6 +279,31 @@ impl<'a> Dest<'a> {
             .map(|r| r.1)
             .sum::<usize>()
             - self.off
+    }
+
+    /// Maps whole pages of `file` from `off` on (at most `n` bytes) copy-on-write where the
+    /// next bytes go, instead of copying them: only where that place and `off` are
+    /// page-aligned and the place is region memory of this process's (never file pages or
+    /// an application's own memory). Returns the bytes placed, 0 when none could be.
+    pub(super) fn adopt(&mut self, file: &SharedSpan, off: u64, n: usize) -> usize {
+        if self.fragile || self.faulted || self.idx >= self.runs.len() {
+            return 0;
+        }
+        let (p, len) = self.runs[self.idx];
+        let k = (len - self.off).min(n) / PAGE * PAGE;
+        let at = SharedSpan {
+            offset: off,
+            ..file.clone()
+        };
+        if k == 0 || !braid_proto::mem::shared::adopt(p.wrapping_add(self.off), k, &at) {
+            return 0;
+        }
+        self.off += k;
+        if self.off == len {
+            self.idx += 1;
+            self.off = 0;
+        }
+        k
     }
 
     /// Copies up to `n` bytes from `src`; returns how many were stored.

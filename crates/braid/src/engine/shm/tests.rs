@@ -1,6 +1,6 @@
 //! The same-host ring on its own: stream order across wrap-around, back-pressure, the
-//! doorbell rung only for an armed side, the peer's end, a peer that breaks the ring, and
-//! payloads that cross by reference to a region file.
+//! doorbell rung only for an armed side, the peer's end, a peer that breaks the ring,
+//! payloads that cross by reference to a region file, and page exchange.
 
 use std::time::Duration;
 
@@ -12,7 +12,12 @@ const SMALL: usize = MIN_RING_BYTES;
 /// A region large enough to live in a region file.
 const SHARED: usize = 64 << 10;
 
+/// A link pair copying payloads by reference (no page exchange).
 fn pair(ring_bytes: usize) -> (ShmLink, ShmLink) {
+    pair_with(ring_bytes, false)
+}
+
+fn pair_with(ring_bytes: usize, exchange: bool) -> (ShmLink, ShmLink) {
     let file = RingFile::create(ring_bytes).expect("ring file");
     let (a, b) = UnixStream::pair().expect("socket pair");
     let (fa, fb) = UnixStream::pair().expect("socket pair");
@@ -20,8 +25,8 @@ fn pair(ring_bytes: usize) -> (ShmLink, ShmLink) {
     let dup = file.fd().try_clone().expect("dup");
     let theirs = RingFile::open(dup).expect("open ring file");
     (
-        ShmLink::new(file, Side::Connector, a, fa).expect("connector"),
-        ShmLink::new(theirs, Side::Acceptor, b, fb).expect("acceptor"),
+        ShmLink::new(file, Side::Connector, a, fa, exchange).expect("connector"),
+        ShmLink::new(theirs, Side::Acceptor, b, fb, exchange).expect("acceptor"),
     )
 }
 
@@ -260,8 +265,8 @@ fn the_ring_file_travels_over_the_socket_with_the_region_file_socket() {
     assert_eq!(&msg, b"hello ring");
     let theirs = RingFile::open(fd).expect("open");
     let (x, y) = UnixStream::pair().expect("pair");
-    let mine = ShmLink::new(file, Side::Connector, x, files).expect("link");
-    let peer = ShmLink::new(theirs, Side::Acceptor, y, their_files).expect("link");
+    let mine = ShmLink::new(file, Side::Connector, x, files, true).expect("link");
+    let peer = ShmLink::new(theirs, Side::Acceptor, y, their_files, true).expect("link");
     assert_eq!(send_all(&peer, b"back"), 4);
     let mut got = [0u8; 4];
     assert_eq!(mine.recv(&mut got).expect("recv"), 4);
@@ -342,7 +347,7 @@ fn a_reference_to_a_file_never_sent_or_past_its_end_fails_the_link() {
         let src = region.addr();
         let span = braid_proto::mem::shared::lookup(src, SHARED).expect("shareable");
         if token_known {
-            assert!(a.sharer.give(&span));
+            assert!(a.sharer.give(&span, 0, 0));
         }
         // A forged record: the peer names bytes it may not.
         let mut h = [0u8; REF_HDR];
@@ -488,4 +493,149 @@ fn ring_ping_pong_one_way_latency() {
         "ring alone: 8 B one way {:.0} ns (mean of {N} round trips)",
         one_way
     );
+}
+
+/// True when `addr` lies in a private (copy-on-write) mapping, as `/proc/self/maps` says.
+fn mapped_private(addr: *const u8) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+    let a = addr as usize;
+    maps.lines().any(|l| {
+        let mut f = l.split_whitespace();
+        let (range, perms) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+        let Some((lo, hi)) = range.split_once('-') else {
+            return false;
+        };
+        let lo = usize::from_str_radix(lo, 16).unwrap_or(usize::MAX);
+        let hi = usize::from_str_radix(hi, 16).unwrap_or(0);
+        lo <= a && a < hi && perms.ends_with('p')
+    })
+}
+
+/// Receives `len` payload bytes into `dst` through `pieces` calls.
+fn recv_into(b: &ShmLink, dst: *mut u8, len: usize) {
+    let mut got = 0;
+    while got < len {
+        got += b
+            .recv_pieces(&[(dst, len)], got, None, false)
+            .expect("payload")
+            .got;
+    }
+}
+
+#[test]
+fn whole_pages_cross_by_page_exchange_with_the_semantics_of_a_copy() {
+    let (a, b) = pair_with(SMALL, true);
+    let len = 16 * SHARED;
+    let src = region_file(len, 0x5a);
+    let dst = region_file(len, 0);
+    let hdr = [1u8; 40];
+    let pieces = [(hdr.as_ptr(), 40), (src.addr() as *const u8, len)];
+    let before = a.tx.ctrl().head.load(Ordering::Acquire);
+    assert_eq!(
+        a.send(&pieces, 0, false, &[false, true]).expect("send"),
+        40 + len
+    );
+    let used = a.tx.ctrl().head.load(Ordering::Acquire) - before;
+    assert_eq!(
+        used,
+        (INLINE_HDR + 40 + REF_HDR) as u64,
+        "a reference, not bytes"
+    );
+    // Frozen when sent: a change the sender makes now is its own (unlike a plain reference).
+    src.write_at(len - 1, &[0x77]).expect("write");
+    let mut h = [0u8; 40];
+    assert_eq!(b.recv(&mut h).expect("header"), 40);
+    recv_into(&b, dst.addr(), len);
+    assert!(
+        mapped_private(dst.addr()),
+        "the pages were mapped, not copied"
+    );
+    let mut got = vec![0u8; len];
+    dst.read_at(0, &mut got).expect("read");
+    assert!(got.iter().all(|&x| x == 0x5a));
+    // The receiver writes: the sender is unaffected; the sender writes: the receiver keeps
+    // its bytes; both write the same page.
+    dst.write_at(0, &[1, 2, 3]).expect("write");
+    src.write_at(1, &[9]).expect("write");
+    let (mut s4, mut d4) = ([0u8; 4], [0u8; 4]);
+    src.read_at(0, &mut s4).expect("read");
+    dst.read_at(0, &mut d4).expect("read");
+    assert_eq!((s4, d4), ([0x5a, 9, 0x5a, 0x5a], [1, 2, 3, 0x5a]));
+    // The sender's region is freed: the receiver's pages stay.
+    drop(src);
+    dst.read_at(0, &mut d4).expect("read");
+    assert_eq!(d4, [1, 2, 3, 0x5a]);
+    dst.read_at(len - 4, &mut d4).expect("read");
+    assert_eq!(d4, [0x5a; 4]);
+}
+
+#[test]
+fn exchanged_pages_that_cannot_be_mapped_are_copied() {
+    let (a, b) = pair_with(SMALL, true);
+    let len = 2 * SHARED;
+    let src = region_file(len, 0x3c);
+    // Into memory braid does not own, and into a region at an offset off the page grid.
+    for (at, dst_len) in [(None, len), (Some(100usize), len + 100)] {
+        assert_eq!(
+            a.send(&[(src.addr() as *const u8, len)], 0, false, &[true])
+                .expect("send"),
+            len
+        );
+        let region = region_file(dst_len, 0);
+        let mut heap = vec![0u8; len];
+        let dst = match at {
+            None => heap.as_mut_ptr(),
+            // SAFETY: inside the region.
+            Some(off) => unsafe { region.addr().add(off) },
+        };
+        recv_into(&b, dst, len);
+        let got = match at {
+            None => heap,
+            Some(off) => {
+                assert!(!mapped_private(dst), "copied, not mapped");
+                let mut v = vec![0u8; len];
+                region.read_at(off, &mut v).expect("read");
+                v
+            }
+        };
+        assert!(got.iter().all(|&x| x == 0x3c), "{at:?}");
+    }
+}
+
+#[test]
+fn a_file_named_by_an_unread_record_is_not_let_go() {
+    let (a, b) = pair_with(SMALL, true);
+    let len = 4 * SHARED;
+    let half = len / 2;
+    let src = region_file(len, 0x11);
+    let send = |n: usize| {
+        assert_eq!(
+            a.send(&[(src.addr() as *const u8, n)], 0, false, &[true])
+                .expect("send"),
+            n
+        );
+    };
+    // Frozen in place; then written, so its bytes move to a file of their own (a plain
+    // reference to it); then a larger span over it moves to another file, and the first
+    // one is no longer in use while its record is still unread.
+    send(half);
+    src.write_at(0, &[0x22]).expect("write");
+    send(half);
+    src.write_at(half, &[0x33]).expect("write");
+    send(len);
+    let mut want = vec![0x11u8; half];
+    for (n, first, mid) in [
+        (half, 0x11, None),
+        (half, 0x22, None),
+        (len, 0x22, Some(0x33)),
+    ] {
+        let mut got = vec![0u8; n];
+        recv_into(&b, got.as_mut_ptr(), n);
+        want.resize(n, 0x11);
+        want[0] = first;
+        if let Some(m) = mid {
+            want[half] = m;
+        }
+        assert!(got == want, "payload of {n} starting {first:#x}");
+    }
 }

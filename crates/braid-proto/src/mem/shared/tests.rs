@@ -1,0 +1,176 @@
+use super::*;
+
+/// A region file mapped through `map`, unmapped (and forgotten) on drop.
+struct Mapped(*mut u8, usize);
+
+impl Mapped {
+    fn new(len: usize) -> Mapped {
+        Mapped(map(len, false).expect("memfds work here"), len)
+    }
+    fn fill(&self, from: usize, to: usize, b: u8) {
+        assert!(from <= to && to <= self.1);
+        // SAFETY: inside the mapping, used by one test thread at a time.
+        unsafe { std::ptr::write_bytes(self.0.add(from), b, to - from) }
+    }
+    fn get(&self, i: usize) -> u8 {
+        assert!(i < self.1);
+        // SAFETY: inside the mapping.
+        unsafe { self.0.add(i).read_volatile() }
+    }
+    /// True when every byte of `[from, to)` is `b`.
+    fn all(&self, from: usize, to: usize, b: u8) -> bool {
+        (from..to).all(|i| self.get(i) == b)
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        forget(self.0);
+        // SAFETY: unmapping what `map` mapped.
+        unsafe { libc::munmap(self.0.cast(), self.1) };
+    }
+}
+
+#[test]
+fn spans_are_found_inside_their_file_only() {
+    let len = 64 << 10;
+    let m = Mapped::new(len);
+    let p = m.0;
+    let s = lookup(p, len).expect("the whole file");
+    assert_eq!((s.offset, s.file_len), (0, len as u64));
+    // SAFETY: offsets inside the mapping.
+    let s = lookup(unsafe { p.add(4096) }, 100).expect("inside");
+    assert_eq!(s.offset, 4096);
+    assert!(
+        lookup(unsafe { p.add(4096) }, len).is_none(),
+        "past the end"
+    );
+    // (Another test's region may be mapped right after this one.)
+    assert!(
+        lookup(unsafe { p.add(len) }, 1).is_none_or(|o| o.token != s.token),
+        "after the file"
+    );
+    let other = lookup(p, 1).expect("again");
+    assert_eq!(other.token, s.token);
+    assert!(is_live(s.token));
+    drop(m);
+    assert!(lookup(p, 1).is_none_or(|o| o.token != s.token));
+    assert!(!is_live(s.token));
+}
+
+#[test]
+fn a_region_file_cannot_be_mapped_writable_again() {
+    let m = Mapped::new(64 << 10);
+    let s = lookup(m.0, 1).expect("shareable");
+    // SAFETY: a new mapping of our own file, checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            s.fd.as_raw_fd(),
+            0,
+        )
+    };
+    assert_eq!(p, libc::MAP_FAILED, "a peer given the file could write it");
+    m.fill(0, 1, 7);
+    assert_eq!(m.get(0), 7, "the region's own mapping still writes");
+}
+
+/// Reads `len` bytes of `span`'s file from `at`.
+fn file_bytes(span: &SharedSpan, at: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::from(span.fd.try_clone().expect("dup"));
+    let mut v = vec![0; len];
+    f.read_exact_at(&mut v, span.offset + at).expect("read");
+    v
+}
+
+#[test]
+fn a_frozen_span_keeps_its_bytes_in_the_file_while_the_region_writes_its_own() {
+    let len = 256 << 10;
+    let m = Mapped::new(len);
+    m.fill(0, len, 1);
+    let span = exchange_span(m.0, len).expect("frozen");
+    assert_eq!((span.offset, span.file_len), (0, len as u64));
+    assert!(
+        lookup(m.0, 1).is_none(),
+        "a frozen span is not plain-shared"
+    );
+    // Untouched: the same frozen bytes again, no new file.
+    let again = exchange_span(m.0, len).expect("still frozen");
+    assert_eq!(again.token, span.token);
+    // A sub-span of an untouched frozen span comes from the same file.
+    // SAFETY: inside the mapping.
+    let sub = exchange_span(unsafe { m.0.add(8192) }, 8192).expect("inside");
+    assert_eq!((sub.token, sub.offset), (span.token, 8192));
+    m.fill(5000, 5001, 2);
+    assert_eq!(file_bytes(&span, 5000, 1), [1], "the write stayed private");
+    // Written: the bytes move to a new file, written in place from now on, and the span
+    // goes by plain reference.
+    assert!(exchange_span(m.0, len).is_none());
+    let moved = lookup(m.0, len).expect("moved to a file of its own");
+    assert_ne!(moved.token, span.token);
+    assert_eq!(file_bytes(&moved, 4999, 3), [1, 2, 1]);
+    m.fill(5000, 5001, 3);
+    assert_eq!(file_bytes(&moved, 5000, 1), [3]);
+    assert!(exchange_span(m.0, len).is_none());
+    assert!(is_live(moved.token));
+    assert!(is_live(span.token), "the region's own file");
+    drop(m);
+    assert!(!is_live(moved.token));
+}
+
+#[test]
+fn adopted_pages_are_a_copy_on_both_sides() {
+    let len = 128 << 10;
+    let (src, dst) = (Mapped::new(len), Mapped::new(len));
+    src.fill(0, len, 0xaa);
+    dst.fill(0, len, 0x55);
+    let span = exchange_span(src.0, len).expect("frozen");
+    assert!(adopt(dst.0, len, &span));
+    assert!(dst.all(0, len, 0xaa));
+    // The sender rewrites its buffer: the receiver keeps the old bytes.
+    src.fill(0, len, 0x11);
+    assert!(dst.all(0, len, 0xaa));
+    // The receiver writes: the sender is unaffected.
+    dst.fill(0, 4096, 0x22);
+    assert!(src.all(0, len, 0x11));
+    assert!(dst.all(4096, len, 0xaa));
+    // The sender's region goes away: the receiver's pages stay.
+    drop(src);
+    assert_eq!(dst.get(0), 0x22);
+    assert!(dst.all(4096, len, 0xaa));
+    // Written since it was adopted: handed on by plain reference, from a file of its own.
+    assert!(exchange_span(dst.0, len).is_none());
+    let on = lookup(dst.0, len).expect("moved");
+    assert_eq!(file_bytes(&on, 0, 1), [0x22]);
+}
+
+#[test]
+fn spans_not_page_aligned_or_not_in_a_region_are_not_exchanged() {
+    let len = 64 << 10;
+    let m = Mapped::new(len);
+    // SAFETY: inside the mapping.
+    assert!(exchange_span(unsafe { m.0.add(1) }, 4096).is_none());
+    assert!(exchange_span(m.0, 4095).is_none());
+    assert!(exchange_span(m.0, 2 * len).is_none());
+    let mut heap = vec![0u8; 3 * PAGE];
+    let aligned = heap
+        .as_mut_ptr()
+        .wrapping_add(heap.as_ptr().align_offset(PAGE));
+    assert!(exchange_span(aligned, PAGE).is_none(), "not braid's memory");
+    let span = exchange_span(m.0, PAGE).expect("frozen");
+    assert!(
+        !adopt(aligned, PAGE, &span),
+        "never remaps memory braid does not own"
+    );
+    // SAFETY: inside the mapping.
+    assert!(!adopt(unsafe { m.0.add(8) }, PAGE, &span));
+    let past = SharedSpan {
+        offset: len as u64,
+        ..span.clone()
+    };
+    assert!(!adopt(m.0, PAGE, &past), "past the file's end");
+}
