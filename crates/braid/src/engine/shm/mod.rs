@@ -269,20 +269,6 @@ impl ShmLink {
                     c.cur = Cur::Ref(pf, off, len, true);
                     return Ok(true);
                 }
-                // The pages are about to be read: fault them in with one call rather than
-                // one fault each. Only this range: the rest of the file may be holes. (The
-                // `same_host` example's first 64 MiB write: 14.5-18.8 ms with it, 17.4-17.6
-                // without, three runs each: within noise.)
-                let page = 4096u64;
-                let start = off & !(page - 1);
-                // SAFETY: a hint on a range of our own mapping (checked against its length).
-                unsafe {
-                    libc::madvise(
-                        pf.map.base.add(start as usize).cast(),
-                        (off + len - start) as usize,
-                        libc::MADV_POPULATE_READ,
-                    );
-                }
                 c.cur = Cur::Ref(pf, off, len, false);
             }
             _ => return Err(broken(format!("bad record header {:02x?}", &h[..n]))),
