@@ -93,7 +93,12 @@ pub struct EndpointOptions {
     /// regions braid allocated) are sent by *page exchange*: the receiver maps the sender's
     /// pages copy-on-write instead of copying them (see `docs/PROTOCOL.md`, "Page
     /// exchange"). By default from `BRAID_PAGE_EXCHANGE`, else on. Each side decides for
-    /// what it sends.
+    /// what it sends, and whether it maps what it receives: a peer could go on writing pages
+    /// it exchanged through a mapping of its own made before (nothing can revoke that), so a
+    /// receiver that must not see received bytes change after it checked them (a server of
+    /// untrusted same-host clients) turns this off and copies instead. braid remaps pages of
+    /// the regions it allocated in place for this (the addresses stay the same; `mlock` or
+    /// `madvise` settings of those pages do not carry over).
     pub page_exchange: bool,
 }
 

@@ -97,7 +97,8 @@ pub(crate) struct ShmLink {
     bell: UnixStream,
     /// Shut down here, or the peer's end of the socket closed.
     ended: AtomicBool,
-    /// Page-aligned payloads go by page exchange.
+    /// Page-aligned payloads go by page exchange, and the peer's exchanged pages are mapped
+    /// rather than copied.
     exchange: bool,
     _map: Mapping,
 }
@@ -310,7 +311,7 @@ impl ShmLink {
                 Cur::Ref(pf, off, left, frozen) => {
                     let n = (*left as usize).min(dest.room());
                     let mut put = 0;
-                    if *frozen {
+                    if *frozen && self.exchange {
                         put = dest.adopt(&pf.file, *off, n);
                         if put == 0 && got > 0 {
                             // Not into whatever buffer took the bytes before (the engine

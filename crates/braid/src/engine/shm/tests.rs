@@ -18,6 +18,11 @@ fn pair(ring_bytes: usize) -> (ShmLink, ShmLink) {
 }
 
 fn pair_with(ring_bytes: usize, exchange: bool) -> (ShmLink, ShmLink) {
+    pair_flags(ring_bytes, exchange, exchange)
+}
+
+/// A link pair whose connecting side has page exchange `a_ex`, the other `b_ex`.
+fn pair_flags(ring_bytes: usize, a_ex: bool, b_ex: bool) -> (ShmLink, ShmLink) {
     let file = RingFile::create(ring_bytes).expect("ring file");
     let (a, b) = UnixStream::pair().expect("socket pair");
     let (fa, fb) = UnixStream::pair().expect("socket pair");
@@ -25,8 +30,8 @@ fn pair_with(ring_bytes: usize, exchange: bool) -> (ShmLink, ShmLink) {
     let dup = file.fd().try_clone().expect("dup");
     let theirs = RingFile::open(dup).expect("open ring file");
     (
-        ShmLink::new(file, Side::Connector, a, fa, exchange).expect("connector"),
-        ShmLink::new(theirs, Side::Acceptor, b, fb, exchange).expect("acceptor"),
+        ShmLink::new(file, Side::Connector, a, fa, a_ex).expect("connector"),
+        ShmLink::new(theirs, Side::Acceptor, b, fb, b_ex).expect("acceptor"),
     )
 }
 
@@ -638,4 +643,23 @@ fn a_file_named_by_an_unread_record_is_not_let_go() {
         }
         assert!(got == want, "payload of {n} starting {first:#x}");
     }
+}
+
+#[test]
+fn a_receiver_without_page_exchange_copies_exchanged_pages() {
+    let (a, b) = pair_flags(SMALL, true, false);
+    let len = 2 * SHARED;
+    let src = region_file(len, 0x6b);
+    let dst = region_file(len, 0);
+    assert_eq!(
+        a.send(&[(src.addr() as *const u8, len)], 0, false, &[true])
+            .expect("send"),
+        len
+    );
+    recv_into(&b, dst.addr(), len);
+    assert!(!mapped_private(dst.addr()), "copied, not mapped");
+    src.write_at(0, &[1]).expect("write");
+    let mut got = vec![0u8; len];
+    dst.read_at(0, &mut got).expect("read");
+    assert!(got.iter().all(|&x| x == 0x6b));
 }
