@@ -5,12 +5,14 @@
 //! * [`Rng`]: a seeded generator (splitmix64), so a run is replayed from its seed;
 //! * [`pattern`]: byte patterns in which every word depends on a seed and its offset, so
 //!   stale, misplaced or foreign bytes show;
-//! * `loopback` (feature `loopback`): two braid endpoints connected over loopback rails.
+//! * `loopback` (feature `loopback`): two braid endpoints connected over loopback rails;
+//! * [`maps::mapped_private`]: whether memory is mapped copy-on-write (page exchange).
 
 #![warn(missing_docs)]
 
 #[cfg(feature = "loopback")]
 pub mod loopback;
+pub mod maps;
 pub mod pattern;
 mod rng;
 

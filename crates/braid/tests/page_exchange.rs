@@ -6,6 +6,7 @@
 mod common;
 
 use braid::{Access, RailTransport, Region};
+use braid_testkit::maps::mapped_private;
 use common::*;
 
 const LEN: usize = 16 << 20;
@@ -13,23 +14,6 @@ const LEN: usize = 16 << 20;
 fn pair(exchange: bool) -> Pair {
     common::pair_over(RailTransport::Auto, "shm", 1, |o| {
         o.page_exchange = exchange
-    })
-}
-
-/// True when `addr` lies in a private (copy-on-write) mapping: braid's regions are shared
-/// mappings of their files until pages are exchanged into them.
-fn mapped_private(addr: *const u8) -> bool {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    let a = addr as usize;
-    maps.lines().any(|l| {
-        let mut f = l.split_whitespace();
-        let (range, perms) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
-        let Some((lo, hi)) = range.split_once('-') else {
-            return false;
-        };
-        let lo = usize::from_str_radix(lo, 16).unwrap_or(usize::MAX);
-        let hi = usize::from_str_radix(hi, 16).unwrap_or(0);
-        lo <= a && a < hi && perms.ends_with('p')
     })
 }
 

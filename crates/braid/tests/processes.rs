@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use braid::{Access, Context, EndpointOptions, RailAddr, RailTransport, RemoteKey, Status};
+use braid_testkit::maps::mapped_private;
 use common::*;
 
 const ROLE: &str = "BRAID_TEST_CHILD_SERVER";
@@ -278,22 +279,6 @@ fn child_sender() {
     while Instant::now() < deadline && !ep.is_closed() {
         cq.wait(Duration::from_millis(200));
     }
-}
-
-/// True when `addr` lies in a private (copy-on-write) mapping of this process.
-fn mapped_private(addr: *const u8) -> bool {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    let a = addr as usize;
-    maps.lines().any(|l| {
-        let mut f = l.split_whitespace();
-        let (range, perms) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
-        let Some((lo, hi)) = range.split_once('-') else {
-            return false;
-        };
-        let lo = usize::from_str_radix(lo, 16).unwrap_or(usize::MAX);
-        let hi = usize::from_str_radix(hi, 16).unwrap_or(0);
-        lo <= a && a < hi && perms.ends_with('p')
-    })
 }
 
 /// Pages received by exchange from another process stay this process's copy when the

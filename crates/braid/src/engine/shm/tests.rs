@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::ring::{CTRL_BYTES, MIN_RING_BYTES, map_shared};
 use super::*;
+use braid_testkit::maps::mapped_private;
 use rustix::fs::{MemfdFlags, SealFlags};
 
 const SMALL: usize = MIN_RING_BYTES;
@@ -498,22 +499,6 @@ fn ring_ping_pong_one_way_latency() {
         "ring alone: 8 B one way {:.0} ns (mean of {N} round trips)",
         one_way
     );
-}
-
-/// True when `addr` lies in a private (copy-on-write) mapping, as `/proc/self/maps` says.
-fn mapped_private(addr: *const u8) -> bool {
-    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
-    let a = addr as usize;
-    maps.lines().any(|l| {
-        let mut f = l.split_whitespace();
-        let (range, perms) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
-        let Some((lo, hi)) = range.split_once('-') else {
-            return false;
-        };
-        let lo = usize::from_str_radix(lo, 16).unwrap_or(usize::MAX);
-        let hi = usize::from_str_radix(hi, 16).unwrap_or(0);
-        lo <= a && a < hi && perms.ends_with('p')
-    })
 }
 
 /// Receives `len` payload bytes into `dst` through `pieces` calls.
