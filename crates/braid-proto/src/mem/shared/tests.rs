@@ -174,3 +174,121 @@ fn spans_not_page_aligned_or_not_in_a_region_are_not_exchanged() {
     };
     assert!(!adopt(m.0, PAGE, &past), "past the file's end");
 }
+
+/// One step of the model test below.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Fills page `page` of region `r` with `value`.
+    Write { r: usize, page: usize, value: u8 },
+    /// Sends `pages` pages from region `from` at `at` into the other region at `to`: by page
+    /// exchange where it applies (as a same-host rail does), else by a copy from the file
+    /// `lookup` names, else by a plain copy (as inline bytes).
+    Send {
+        from: usize,
+        at: usize,
+        to: usize,
+        pages: usize,
+    },
+}
+
+const MODEL_PAGES: usize = 24;
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (0..2usize, 0..MODEL_PAGES, any::<u8>()).prop_map(|(r, page, value)| Step::Write {
+            r,
+            page,
+            value
+        }),
+        (0..2usize, 0..MODEL_PAGES, 0..MODEL_PAGES, 1..MODEL_PAGES).prop_map(
+            |(from, at, to, pages)| {
+                let pages = pages.min(MODEL_PAGES - at).min(MODEL_PAGES - to);
+                Step::Send {
+                    from,
+                    at,
+                    to,
+                    pages,
+                }
+            }
+        ),
+    ]
+}
+
+/// The region's bytes as the model holds them: one value per page.
+fn page_values(m: &Mapped) -> Vec<u8> {
+    (0..MODEL_PAGES)
+        .map(|p| {
+            let v = m.get(p * PAGE);
+            assert!(
+                m.all(p * PAGE, (p + 1) * PAGE, v),
+                "page {p} is not uniform"
+            );
+            v
+        })
+        .collect()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Random writes and transfers between two regions: every region always holds what a
+    /// plain copy would have left, and every file `lookup` or `exchange_span` names holds
+    /// exactly the memory's bytes at that moment (what a peer reads through it).
+    #[test]
+    fn exchanged_and_referenced_spans_always_hold_the_memory_bytes(
+        steps in proptest::collection::vec(step(), 1..40)
+    ) {
+        let regions = [Mapped::new(MODEL_PAGES * PAGE), Mapped::new(MODEL_PAGES * PAGE)];
+        let mut model = [vec![0u8; MODEL_PAGES], vec![0u8; MODEL_PAGES]];
+        for s in steps {
+            match s {
+                Step::Write { r, page, value } => {
+                    regions[r].fill(page * PAGE, (page + 1) * PAGE, value);
+                    model[r][page] = value;
+                }
+                Step::Send { from, at, to, pages } => {
+                    let (src, dst) = (&regions[from], &regions[1 - from]);
+                    let len = pages * PAGE;
+                    // SAFETY: inside the regions.
+                    let (sp, dp) = unsafe { (src.0.add(at * PAGE), dst.0.add(to * PAGE)) };
+                    let want: Vec<u8> = model[from][at..at + pages].to_vec();
+                    let span = exchange_span(sp, len);
+                    if let Some(span) = &span {
+                        for (k, &v) in want.iter().enumerate() {
+                            assert_eq!(file_bytes(span, (k * PAGE) as u64, 1), [v], "frozen file");
+                        }
+                    }
+                    let by_file = span.clone().or_else(|| lookup(sp, len));
+                    match (&span, by_file) {
+                        (Some(span), _) if adopt(dp, len, span) => {}
+                        (_, Some(file)) => {
+                            for (k, &v) in want.iter().enumerate() {
+                                assert_eq!(file_bytes(&file, (k * PAGE) as u64, PAGE), vec![v; PAGE], "referenced file");
+                                dst.fill((to + k) * PAGE, (to + k + 1) * PAGE, v);
+                            }
+                        }
+                        (_, None) => {
+                            for (k, &v) in want.iter().enumerate() {
+                                dst.fill((to + k) * PAGE, (to + k + 1) * PAGE, v);
+                            }
+                        }
+                    }
+                    model[1 - from][to..to + pages].copy_from_slice(&want);
+                }
+            }
+            for r in 0..2 {
+                proptest::prop_assert_eq!(page_values(&regions[r]), model[r].clone());
+            }
+        }
+        // Whatever is plain-shared now reads back from its file as it is in memory.
+        for (region, values) in regions.iter().zip(&model) {
+            for (p, &v) in values.iter().enumerate() {
+                // SAFETY: inside the region.
+                if let Some(f) = lookup(unsafe { region.0.add(p * PAGE) }, PAGE) {
+                    proptest::prop_assert_eq!(file_bytes(&f, 0, PAGE), vec![v; PAGE]);
+                }
+            }
+        }
+    }
+}
