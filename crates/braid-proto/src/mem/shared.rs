@@ -111,6 +111,15 @@ fn overlaps_moved(e: &Entry, off: usize, len: usize) -> bool {
     before.is_some_and(|(&s, m)| s + m.len > off)
 }
 
+/// True when every moved span of `e` that overlaps `[off, off + len)` is frozen in place:
+/// on the region's own file, at its own offset.
+fn frozen_in_place(e: &Entry, off: usize, len: usize) -> bool {
+    e.moved
+        .range(..off + len)
+        .filter(|(s, m)| **s + m.len > off)
+        .all(|(s, m)| m.frozen && m.file.token == e.token && m.file.offset == *s as u64)
+}
+
 /// The moved span of `e` holding all of `[off, off + len)`, as (span there, frozen).
 fn moved_holder(e: &Entry, off: usize, len: usize) -> Option<(SharedSpan, bool)> {
     e.moved
@@ -121,8 +130,9 @@ fn moved_holder(e: &Entry, off: usize, len: usize) -> Option<(SharedSpan, bool)>
 }
 
 /// The file holding the bytes of all of `[ptr, ptr + len)` as they are now, if any: the
-/// region's, or the one they moved to (a span on frozen pages has none: its bytes may be
-/// on private pages).
+/// region's, or the one they moved to. A span on frozen pages has the region's file only
+/// while it is frozen in place and not written since (`/proc/self/pagemap`); a span on a
+/// peer's adopted pages has none.
 pub fn lookup(ptr: *const u8, len: usize) -> Option<SharedSpan> {
     let idx = index().read();
     let (start, off) = entry_of(&idx, ptr as usize, len)?;
@@ -137,6 +147,21 @@ pub fn lookup(ptr: *const u8, len: usize) -> Option<SharedSpan> {
     }
     match moved_holder(e, off, len) {
         Some((span, false)) => Some(span),
+        // Frozen in place: the region's file still holds the bytes of pages not written
+        // since (a piece cut differently from the exchanged ones, say).
+        _ if frozen_in_place(e, off, len) => {
+            let addr = ptr as usize;
+            let from = addr & !(PAGE - 1);
+            let to = (addr + len).next_multiple_of(PAGE);
+            untouched(from, to - from)
+                .unwrap_or(false)
+                .then(|| SharedSpan {
+                    fd: e.fd.clone(),
+                    token: e.token,
+                    file_len: e.len as u64,
+                    offset: off as u64,
+                })
+        }
         _ => None,
     }
 }
@@ -427,7 +452,12 @@ pub fn exchange_span(ptr: *const u8, len: usize) -> Option<SharedSpan> {
         // Still the frozen file's bytes: hand them out again.
         Some((span, true)) if untouched(addr, len).unwrap_or(false) => return Some(span),
         None if full => return None,
-        None if !overlaps_moved(e, off, len) => {
+        // Not moved, or only frozen in place and untouched since (a span cut differently
+        // the last time: a lone operation's shares over several rails vary): freeze it all
+        // in place, as one span.
+        None if frozen_in_place(e, off, len)
+            && (!overlaps_moved(e, off, len) || untouched(addr, len).unwrap_or(false)) =>
+        {
             let span = SharedSpan {
                 fd: e.fd.clone(),
                 token: e.token,

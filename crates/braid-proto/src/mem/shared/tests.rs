@@ -94,10 +94,9 @@ fn a_frozen_span_keeps_its_bytes_in_the_file_while_the_region_writes_its_own() {
     m.fill(0, len, 1);
     let span = exchange_span(m.0, len).expect("frozen");
     assert_eq!((span.offset, span.file_len), (0, len as u64));
-    assert!(
-        lookup(m.0, 1).is_none(),
-        "a frozen span is not plain-shared"
-    );
+    // Frozen in place and untouched: the region's file still holds its bytes.
+    let plain = lookup(m.0, 1).expect("untouched frozen pages are in the file");
+    assert_eq!((plain.token, plain.offset), (span.token, 0));
     // Untouched: the same frozen bytes again, no new file.
     let again = exchange_span(m.0, len).expect("still frozen");
     assert_eq!(again.token, span.token);
@@ -107,6 +106,15 @@ fn a_frozen_span_keeps_its_bytes_in_the_file_while_the_region_writes_its_own() {
     assert_eq!((sub.token, sub.offset), (span.token, 8192));
     m.fill(5000, 5001, 2);
     assert_eq!(file_bytes(&span, 5000, 1), [1], "the write stayed private");
+    // SAFETY: inside the mapping.
+    assert!(
+        lookup(unsafe { m.0.add(4100) }, 8).is_none(),
+        "a written page is not"
+    );
+    assert!(
+        lookup(unsafe { m.0.add(8192) }, 8).is_some(),
+        "the others still are"
+    );
     // Written: the bytes move to a new file, written in place from now on, and the span
     // goes by plain reference.
     assert!(exchange_span(m.0, len).is_none());
@@ -291,4 +299,33 @@ proptest::proptest! {
             }
         }
     }
+}
+
+#[test]
+fn spans_frozen_apart_are_exchanged_together_while_untouched() {
+    let len = 64 << 10;
+    let m = Mapped::new(len);
+    m.fill(0, len, 9);
+    let half = len / 2;
+    let a = exchange_span(m.0, half).expect("first half");
+    // SAFETY: inside the mapping.
+    let b = exchange_span(unsafe { m.0.add(half) }, half).expect("second half");
+    assert_eq!(
+        (a.token, b.token, b.offset),
+        (a.token, a.token, half as u64)
+    );
+    // Cut differently (a lone operation's shares vary): still the region's file, no copy.
+    // SAFETY: inside the mapping.
+    let mid = exchange_span(unsafe { m.0.add(PAGE) }, half).expect("across both");
+    assert_eq!((mid.token, mid.offset), (a.token, PAGE as u64));
+    let all = exchange_span(m.0, len).expect("all");
+    assert_eq!((all.token, all.offset), (a.token, 0));
+    // Written, then cut differently: its bytes move (a file of its own, by plain reference).
+    m.fill(PAGE, PAGE + 1, 1);
+    // SAFETY: inside the mapping.
+    assert!(exchange_span(unsafe { m.0.add(PAGE) }, half).is_none());
+    // SAFETY: inside the mapping.
+    let moved = lookup(unsafe { m.0.add(PAGE) }, half).expect("moved");
+    assert_ne!(moved.token, a.token);
+    assert_eq!(file_bytes(&moved, 0, 2), [1, 9]);
 }

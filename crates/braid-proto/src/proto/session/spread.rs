@@ -16,6 +16,9 @@ pub(super) struct LoneOp {
     pub(super) sent: Vec<u64>,
 }
 
+/// A lone operation's shares are multiples of this (the page size).
+const SHARE_ALIGN: u128 = 4096;
+
 impl Session {
     /// The operation that alone has data left to send, as (is a read response, seq, total).
     pub(super) fn lone_op(&self) -> Option<(bool, u64, u64)> {
@@ -47,12 +50,16 @@ impl Session {
         } else {
             MIN_CHUNK
         };
+        // Whole pages: the shares of a page-aligned operation then start on page boundaries,
+        // where a same-host receiver can map them instead of copying (page exchange; a 16
+        // MiB write over three rings split at 5592406 bytes went by copy).
         let share = if self.far_slower(rail) {
             0
         } else {
             (total as u128 * self.window(rail) as u128)
                 .div_ceil(windows.max(1))
-                .max(floor as u128) as u64
+                .max(floor as u128)
+                .next_multiple_of(SHARE_ALIGN) as u64
         };
         let sent = match &self.lone {
             Some(l) if l.key == (resp, seq) => l.sent.get(rail).copied().unwrap_or(0),

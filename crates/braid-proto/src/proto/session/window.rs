@@ -5,6 +5,9 @@ use std::time::Duration;
 use super::Session;
 use super::config::{MIN_RAIL_CHUNK, MIN_WINDOW_BYTES, MIN_WINDOW_TIME};
 
+/// The page size chunks are whole multiples of (see [`Session::chunk_for`]).
+const PAGE: u64 = 4096;
+
 /// How far the transport's delivery rate may exceed the rate braid's own acknowledgements
 /// show before it is not believed (see `Session::measured_rate`).
 const CAPACITY_OVER_ACKED: f64 = 4.0;
@@ -63,9 +66,14 @@ impl Session {
     /// 478 MB/s where 512 KiB chunks (half the window) gave 454 and 1 MiB chunks 394-478
     /// (`braid bench write -s 4190211 -D 5 -q 8 [--chunk 256K] [--min-window 1M]` on
     /// `braid testbed up --rails 4`, README "Goals").
+    /// A chunk of two pages or more is whole pages: the chunks of a page-aligned operation
+    /// then start on page boundaries, where a same-host receiver can map them instead of
+    /// copying (page exchange; 16 MiB writes over four rings with 16 MiB in flight went at
+    /// 5.0-5.4 GB/s in chunks cut anywhere, single copy 13.2-13.5).
     pub(super) fn chunk_for(&self, rail: usize) -> u64 {
         let max = self.cfg.chunk_size as u64;
-        (self.window(rail) / 4).clamp(MIN_RAIL_CHUNK.min(max), max)
+        let c = (self.window(rail) / 4).clamp(MIN_RAIL_CHUNK.min(max), max);
+        if c >= 2 * PAGE { c / PAGE * PAGE } else { c }
     }
 
     /// The delivery rate the transport measures for `rail` (bytes per second; e.g. Linux's
@@ -140,7 +148,8 @@ mod tests {
         let mut s = session(cfg());
         s.measure_rail(0, 1e9);
         assert!(s.window(0).abs_diff(4_000_000) <= 1, "{}", s.window(0));
-        assert!(s.chunk_for(0).abs_diff(1_000_000) <= 1);
+        assert_eq!(s.chunk_for(0), s.window(0) / 4 / 4096 * 4096, "whole pages");
+        assert!(s.chunk_for(0).abs_diff(1_000_000) < 4096);
         // 200 MB/s: rate x delay is 800 KB, below the floor of 1 MiB (which it sends in
         // less than 20 ms).
         s.measure_rail(1, 2e8);
