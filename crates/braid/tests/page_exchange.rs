@@ -155,3 +155,29 @@ fn unaligned_and_partial_pages_are_copied_around_the_exchanged_ones() {
     expect_ok(&p.client_cq, 2);
     assert!(target.to_vec(LEN, LEN - 8192 + 5).unwrap()[..] == data[4096..LEN - 4096 + 5]);
 }
+
+#[test]
+fn over_four_rails_every_page_of_an_aligned_write_is_mapped() {
+    // Windows that are not whole pages (as measured rates give): their quarter, the chunk,
+    // is not either.
+    let p = common::pair_over(RailTransport::Auto, "shm", 4, |o| {
+        o.page_exchange = true;
+        o.session.initial_window = (12 << 20) + 4100;
+    });
+    let (src, data) = filled(&p, 8);
+    let target = p.server_ctx.alloc_region(LEN, Access::all()).unwrap();
+    let key = target.remote_key();
+    for id in 0..4u64 {
+        p.client.write(id, &[src.as_sge()], &key, 0).unwrap();
+        expect_ok(&p.client_cq, id);
+        for page in (0..LEN).step_by(64 << 10) {
+            assert!(
+                mapped_private(target.addr().wrapping_add(page)),
+                "write {id}: byte {page} was copied, not mapped"
+            );
+        }
+        assert!(target.to_vec(0, LEN).unwrap() == data, "write {id}");
+    }
+    let sent = p.client.rail_bytes_sent();
+    assert!(sent.iter().filter(|&&b| b > 0).count() > 1, "{sent:?}");
+}
