@@ -38,6 +38,7 @@ pub fn pair(rails: usize) -> Pair {
 /// A pair over `rails` loopback rails; `tune` adjusts both sides' options. Panics (it is for
 /// tests) when the pair cannot be set up within [`WAIT`].
 pub fn pair_with(rails: usize, tune: impl Fn(&mut EndpointOptions)) -> Pair {
+    log_to_test_output();
     let server_ctx = Context::new().expect("server context");
     let client_ctx = Context::new().expect("client context");
     let server_cq = server_ctx.create_cq(4096);
@@ -83,4 +84,20 @@ pub fn expect_ok(cq: &CompletionQueue, wr_id: u64) -> Completion {
     assert_eq!(c.wr_id, wr_id, "completion order: {c:?}");
     assert_eq!(c.status, Status::Success, "{c:?}");
     c
+}
+
+/// Sends braid's log (warnings and above, or what `RUST_LOG` says) to the test harness's
+/// captured output, once per process: a failing test then shows why a rail failed (the
+/// engine threads a test starts inherit its capture), a passing one shows nothing.
+pub fn log_to_test_output() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .with_ansi(false)
+            .try_init();
+    });
 }
