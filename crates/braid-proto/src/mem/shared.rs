@@ -404,7 +404,7 @@ fn untouched(addr: usize, len: usize) -> io::Result<bool> {
     const PRESENT: u64 = 1 << 63;
     const SWAPPED: u64 = 1 << 62;
     const FILE_OR_SHARED: u64 = 1 << 61;
-    let mut buf = vec![0u8; 8 * 512];
+    let mut buf = [0u8; 8 * 512];
     let pages = len / PAGE;
     let mut done = 0;
     while done < pages {

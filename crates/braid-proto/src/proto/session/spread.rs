@@ -17,7 +17,7 @@ pub(super) struct LoneOp {
 }
 
 /// A lone operation's shares are multiples of this (the page size).
-const SHARE_ALIGN: u128 = 4096;
+const SHARE_ALIGN: u128 = crate::mem::shared::PAGE as u128;
 
 impl Session {
     /// The operation that alone has data left to send, as (is a read response, seq, total).

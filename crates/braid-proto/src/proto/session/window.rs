@@ -6,7 +6,7 @@ use super::Session;
 use super::config::{MIN_RAIL_CHUNK, MIN_WINDOW_BYTES, MIN_WINDOW_TIME};
 
 /// The page size chunks are whole multiples of (see [`Session::chunk_for`]).
-const PAGE: u64 = 4096;
+const PAGE: u64 = crate::mem::shared::PAGE as u64;
 
 /// How far the transport's delivery rate may exceed the rate braid's own acknowledgements
 /// show before it is not believed (see `Session::measured_rate`).
