@@ -7,13 +7,18 @@ use std::os::fd::RawFd;
 /// 256 pieces of 4 KiB (plus its header and the next one's) goes in one call.
 const MAX_IOV: usize = 512;
 
-/// The iovecs for `pieces` minus their first `skip` bytes (at most [`MAX_IOV`]); the first
-/// `n` entries are initialised (the array is not zeroed: small frames pay nothing for it).
+/// An iovec array for one system call, not zeroed: small frames pay nothing for it.
+type IovArray = [std::mem::MaybeUninit<libc::iovec>; MAX_IOV];
+
+/// Writes the iovecs for `pieces` minus their first `skip` bytes (at most [`MAX_IOV`]) into
+/// `iov` and returns how many: the first `n` entries are then initialised. The array is the
+/// caller's, filled in place: returned by value, its 8 KiB were copied on every call (16%
+/// of a busy-polling TCP ping-pong's time went to that copy).
 fn iovecs(
+    iov: &mut IovArray,
     pieces: impl Iterator<Item = (*mut u8, usize)>,
     mut skip: usize,
-) -> ([std::mem::MaybeUninit<libc::iovec>; MAX_IOV], usize) {
-    let mut iov = [std::mem::MaybeUninit::<libc::iovec>::uninit(); MAX_IOV];
+) -> usize {
     let mut n = 0;
     for (p, l) in pieces {
         if skip >= l {
@@ -31,7 +36,7 @@ fn iovecs(
         skip = 0;
         n += 1;
     }
-    (iov, n)
+    n
 }
 
 /// Retries a system call interrupted by a signal.
@@ -55,7 +60,12 @@ pub(crate) fn send_pieces(
     pieces: &[(*const u8, usize)],
     skip: usize,
 ) -> io::Result<usize> {
-    let (mut iov, n) = iovecs(pieces.iter().map(|&(p, l)| (p as *mut u8, l)), skip);
+    let mut iov: IovArray = [std::mem::MaybeUninit::uninit(); MAX_IOV];
+    let n = iovecs(
+        &mut iov,
+        pieces.iter().map(|&(p, l)| (p as *mut u8, l)),
+        skip,
+    );
     if n == 0 {
         return Ok(0);
     }
@@ -85,7 +95,8 @@ pub(crate) fn recv_pieces(
     skip: usize,
     tail: Option<(*mut u8, usize)>,
 ) -> io::Result<Received> {
-    let (iov, n) = iovecs(pieces.iter().copied().chain(tail), skip);
+    let mut iov: IovArray = [std::mem::MaybeUninit::uninit(); MAX_IOV];
+    let n = iovecs(&mut iov, pieces.iter().copied().chain(tail), skip);
     // SAFETY: the first n entries are initialised.
     let asked = iov[..n]
         .iter()
