@@ -10,10 +10,38 @@ use crate::mem::access::Access;
 use crate::mem::inner::{RegionInner, RegionPin};
 use crate::wire::WireStatus;
 
+/// Hashes remote keys for the registry's table. The keys are random where it matters (48
+/// bits from the operating system's generator above a 16-bit generation), and only this
+/// side inserts them, so a peer naming keys cannot pile entries into one bucket; SipHash's
+/// protection against that would cost more than the rest of a small request's lookup.
+#[derive(Default, Clone, Copy)]
+struct KeyHash(u64);
+
+impl std::hash::Hasher for KeyHash {
+    fn finish(&self) -> u64 {
+        // Every bit of the key reaches the low bits (the bucket) and the high bits (the
+        // table's tag byte).
+        let x = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^ (x >> 32)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+
+    fn write_u64(&mut self, k: u64) {
+        self.0 ^= k;
+    }
+}
+
+type KeyMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<KeyHash>>;
+
 /// Maps remote keys to regions; the target side of every remote access looks here.
 #[derive(Default)]
 pub struct Registry {
-    map: RwLock<HashMap<u64, Arc<RegionInner>>>,
+    map: RwLock<KeyMap<Arc<RegionInner>>>,
     generation: AtomicU16,
     limit: Option<u64>,
     used: AtomicU64,

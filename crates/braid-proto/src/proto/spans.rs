@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use smallvec::{SmallVec, smallvec};
+
 use crate::mem::access::Access;
 use crate::mem::file::{copy_maybe_fragile, read_fragile};
 use crate::mem::inner::RegionPin;
@@ -22,8 +24,8 @@ pub(crate) struct Span {
 /// The pieces of one operation at the target, checked and pinned.
 pub(crate) struct Spans {
     /// Each region the pieces name, pinned once.
-    pins: Vec<RegionPin>,
-    list: Vec<Span>,
+    pins: SmallVec<[RegionPin; 1]>,
+    list: SmallVec<[Span; 1]>,
     total: u64,
     /// Some piece is file pages, which only system calls may touch.
     fragile: bool,
@@ -34,8 +36,8 @@ impl Spans {
     pub(crate) fn single(pin: RegionPin, addr: u64, len: u64) -> Arc<Spans> {
         let fragile = pin.is_file();
         Arc::new(Spans {
-            pins: vec![pin],
-            list: vec![Span { pin: 0, addr, len }],
+            pins: smallvec![pin],
+            list: smallvec![Span { pin: 0, addr, len }],
             total: len,
             fragile,
         })
@@ -49,7 +51,7 @@ impl Spans {
         need: Access,
     ) -> Result<Arc<Spans>, WireStatus> {
         let mut ends = FileEnds::default();
-        let mut list = Vec::with_capacity(entries.len());
+        let mut list = SmallVec::with_capacity(entries.len());
         let mut pins: Vec<(u64, RegionPin)> = Vec::new();
         let (mut total, mut fragile) = (0, false);
         for e in entries {

@@ -71,6 +71,9 @@ struct RxRail<'a> {
     /// sleep on the rails), so a link that signals only when asked is armed first; a
     /// busy-polling thread comes back by itself.
     arm: bool,
+    /// The time the frames of the last read are handed to the session with: read once per
+    /// read, not per frame (a busy-polling ping-pong read the clock eight times a message).
+    clock: Option<Instant>,
 }
 
 enum RxState {
@@ -140,6 +143,7 @@ impl RxRail<'_> {
                         {
                             Ok(0) => return self.die("peer closed the connection"),
                             Ok(n) => {
+                                self.clock = None;
                                 self.c.end += n;
                                 self.c.drained = n < room;
                                 self.c.read_since_idle = true;
@@ -224,6 +228,7 @@ impl RxRail<'_> {
                     };
                     let tail = (room > 0 && end + room <= RX_BUF)
                         .then(|| (self.c.buf[end..end + room].as_mut_ptr(), room));
+                    self.clock = None;
                     match self
                         .c
                         .link
@@ -319,7 +324,8 @@ impl RxRail<'_> {
     fn offer(&mut self, h: FrameHeader) -> Option<RxStep> {
         self.c.read_since_idle = true;
         let mut s = self.ep.session.lock();
-        let action = match s.on_frame(self.rail, &h, Instant::now()) {
+        let now = *self.clock.get_or_insert_with(Instant::now);
+        let action = match s.on_frame(self.rail, &h, now) {
             Ok(a) => a,
             Err(e) => {
                 drop(s);
@@ -474,6 +480,7 @@ impl EndpointShared {
             rail,
             c: &mut c,
             arm: true,
+            clock: None,
         }
         .run()
     }
@@ -486,6 +493,7 @@ impl EndpointShared {
                 rail,
                 c: &mut c,
                 arm: false,
+                clock: None,
             }
             .run();
         }

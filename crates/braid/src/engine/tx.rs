@@ -100,6 +100,10 @@ impl EndpointShared {
 
     fn flush_locked(&self, rail: usize, tx: &mut TxState) -> std::io::Result<Flush> {
         loop {
+            // The session had nothing more when the batch was topped up: once the batch is
+            // out, there is no need to ask again (a thread that gives the session more
+            // frames flushes them itself, after this one lets the transmit lock go).
+            let mut exhausted = false;
             {
                 // Top the batch up: several small frames (a Done and the next request, say)
                 // leave in one system call.
@@ -112,13 +116,18 @@ impl EndpointShared {
                     return Ok(Flush::Idle);
                 }
                 let mut bytes: usize = tx.batch.iter().map(Transmit::len).sum::<usize>() - tx.off;
+                // One clock read per batch: a batch leaves in one system call.
+                let now = Instant::now();
                 while tx.batch.len() < BATCH_FRAMES && bytes < BATCH_BYTES {
-                    match s.poll_transmit(rail, Instant::now()) {
+                    match s.poll_transmit(rail, now) {
                         Some(t) => {
                             bytes += t.len();
                             tx.batch.push_back(t);
                         }
-                        None => break,
+                        None => {
+                            exhausted = true;
+                            break;
+                        }
                     }
                 }
             }
@@ -164,6 +173,9 @@ impl EndpointShared {
                             }
                         }
                     }
+                    if exhausted && tx.batch.is_empty() {
+                        return Ok(Flush::Idle);
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Flush::Blocked),
                 Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
@@ -192,10 +204,14 @@ impl EndpointShared {
     pub(crate) fn flush_all(&self) -> bool {
         // Whatever a polling thread held back goes now.
         self.ctrl_held_since.store(0, Ordering::Release);
+        // One rail: no pass can find it chosen again behind another rail, and asking the
+        // session first whether it wants to send costs what the flush's own asking costs.
+        let single = self.rails.len() == 1;
         for _ in 0..FLUSH_PASSES {
             let mut again = false;
             for rail in 0..self.rails.len() {
-                if !self.rails[rail].tx_blocked.load(Ordering::Acquire)
+                if !single
+                    && !self.rails[rail].tx_blocked.load(Ordering::Acquire)
                     && !self.session.lock().wants_transmit(rail)
                 {
                     continue;
@@ -209,7 +225,7 @@ impl EndpointShared {
                     }
                 }
             }
-            let more = again && {
+            let more = again && !single && {
                 let s = self.session.lock();
                 (0..self.rails.len()).any(|r| {
                     !self.rails[r].tx_blocked.load(Ordering::Acquire) && s.wants_transmit(r)

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use smallvec::{SmallVec, smallvec};
+
 use crate::error::{Completion, CompletionKind, Status};
 use crate::mem::region::{Access, RemoteSge, Sge, sgl_len};
 use crate::wire::sgl::{MAX_REMOTE_SGE, WireSge};
@@ -33,7 +35,7 @@ pub(super) struct OutOp {
     pub(super) desc: Option<Arc<[u8]>>,
     /// Writes: the remote ranges `(key, start, end)` it writes (to tell whether a later
     /// write commutes with it; see `SessionConfig::relaxed_placement`).
-    pub(super) ranges: Vec<(u64, u64, u64)>,
+    pub(super) ranges: SmallVec<[(u64, u64, u64); 1]>,
     /// The key and bounding interval of `ranges` when they name one key.
     pub(super) bounds: Option<(u64, u64, u64)>,
     /// Read: the target serves it from file pages and ends it with a trailing `Done`.
@@ -168,7 +170,8 @@ impl Session {
             wr_id,
             kind: CompletionKind::Write,
             opcode: Opcode::Write,
-            local: Arc::from([]),
+            // Empty: no allocation (`Arc::from([])` would allocate).
+            local: Arc::default(),
             rkey: 0,
             addr: 0,
             arg0: 0,
@@ -179,7 +182,7 @@ impl Session {
             done: None,
             early: false,
             desc: None,
-            ranges: Vec::new(),
+            ranges: SmallVec::new(),
             bounds: None,
             expect_trailer: false,
             trailer: None,
@@ -291,7 +294,7 @@ impl Session {
             return Err(PostError::Invalid("remote range overflows".into()));
         }
         if op.opcode == Opcode::Write {
-            op.ranges = vec![(op.rkey, op.addr, op.addr + op.total)];
+            op.ranges = smallvec![(op.rkey, op.addr, op.addr + op.total)];
         }
         if self.cfg.relaxed_placement
             && matches!(op.opcode, Opcode::Write | Opcode::WriteV)

@@ -77,6 +77,9 @@ use self::transmit::{ReqCursor, RespCursor, TxFrame};
 /// The per-endpoint protocol state machine (see the module documentation).
 pub struct Session {
     cfg: SessionConfig,
+    /// [`Session::target_delay`] in seconds, computed once: windows are asked for several
+    /// times per frame.
+    delay_secs: f64,
     registry: Arc<Registry>,
     endpoint_id: u64,
     rails: Vec<RailState>,
@@ -153,8 +156,15 @@ impl Session {
         // Chunks are a quarter of the window (see `chunk_for`), so any window holds several.
         cfg.initial_window = cfg.initial_window.max(MIN_WINDOW_BYTES);
         cfg.max_window = cfg.max_window.max(cfg.min_window);
+        let delay_secs = if cfg.relaxed_placement {
+            cfg.relaxed_target_delay
+        } else {
+            cfg.target_delay
+        }
+        .as_secs_f64();
         Session {
             cfg,
+            delay_secs,
             registry,
             endpoint_id,
             rails: (0..rails).map(|_| RailState::new()).collect(),

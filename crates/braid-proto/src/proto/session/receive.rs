@@ -334,8 +334,11 @@ impl Session {
             self.retry_stalled();
         }
         if let Some(end) = self.rails[rail].rx_frame_end.take() {
-            // An original whose copy came first is consumed: its record may go.
-            self.retx_seen.remove(&(rail, end));
+            // An original whose copy came first is consumed: its record may go. (Mostly there
+            // is none: the empty test saves hashing the key on every frame.)
+            if !self.retx_seen.is_empty() {
+                self.retx_seen.remove(&(rail, end));
+            }
             if self.rails.iter().any(|r| r.stalled) {
                 // A hedged copy of it may be waiting: it is now a duplicate.
                 self.retry_stalled();

@@ -38,11 +38,6 @@ impl Session {
     /// several operations have data to send (the queue keeps every rail busy then).
     pub(super) fn lone_share_left(&self, rail: usize) -> Option<u64> {
         let (resp, seq, total) = self.lone_op()?;
-        let alive = |r: &RailState| r.alive;
-        let windows: u128 = (0..self.rails.len())
-            .filter(|&r| alive(&self.rails[r]))
-            .map(|r| self.window(r) as u128)
-            .sum();
         // At least a small operation's worth; a rail measured slow, one of its chunks.
         let mine = self.measured_rate(rail);
         let floor = if mine > 0.0 {
@@ -55,7 +50,17 @@ impl Session {
         // MiB write over three rings split at 5592406 bytes went by copy).
         let share = if self.far_slower(rail) {
             0
+        } else if total <= floor && self.rails[rail].alive {
+            // The proportional part is at most `total` (this rail's window is one of those
+            // summed): the floor decides, and the windows need not be summed (every small
+            // operation of a ping-pong comes here).
+            (floor as u128).next_multiple_of(SHARE_ALIGN) as u64
         } else {
+            let alive = |r: &RailState| r.alive;
+            let windows: u128 = (0..self.rails.len())
+                .filter(|&r| alive(&self.rails[r]))
+                .map(|r| self.window(r) as u128)
+                .sum();
             (total as u128 * self.window(rail) as u128)
                 .div_ceil(windows.max(1))
                 .max(floor as u128)
@@ -168,10 +173,10 @@ impl Session {
             sent: vec![0; n],
         });
         if l.key != (resp, seq) {
-            *l = LoneOp {
-                key: (resp, seq),
-                sent: vec![0; n],
-            };
+            // The counts of the next operation reuse the vector: no allocation per message.
+            l.key = (resp, seq);
+            l.sent.clear();
+            l.sent.resize(n, 0);
         }
         l.sent[rail] += len;
     }

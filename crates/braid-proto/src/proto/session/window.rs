@@ -12,6 +12,8 @@ const PAGE: u64 = crate::mem::shared::PAGE as u64;
 /// show before it is not believed (see `Session::measured_rate`).
 const CAPACITY_OVER_ACKED: f64 = 4.0;
 
+const MIN_WINDOW_SECS: f64 = MIN_WINDOW_TIME.as_secs_f64();
+
 impl Session {
     pub(super) fn window(&self, rail: usize) -> u64 {
         let rate = self.measured_rate(rail);
@@ -24,10 +26,10 @@ impl Session {
         let floor = self
             .cfg
             .min_window
-            .min((rate * MIN_WINDOW_TIME.as_secs_f64()) as u64)
+            .min((rate * MIN_WINDOW_SECS) as u64)
             .max(MIN_WINDOW_BYTES);
-        ((rate * self.target_delay().as_secs_f64()) as u64)
-            .clamp(floor, self.cfg.max_window.max(floor))
+        debug_assert_eq!(self.delay_secs, self.target_delay().as_secs_f64());
+        ((rate * self.delay_secs) as u64).clamp(floor, self.cfg.max_window.max(floor))
     }
 
     /// The rate `rail`'s window follows (bytes per second; 0 while no acknowledgement has
@@ -92,7 +94,10 @@ impl Session {
     }
 
     pub(super) fn data_allowed(&self, rail: usize) -> bool {
-        self.rails[rail].inflight() < self.window(rail) && !self.sidelined(rail)
+        // No window is below MIN_WINDOW_BYTES: a rail carrying less needs no window worked
+        // out (a polling thread asks this on every poll).
+        let inflight = self.rails[rail].inflight();
+        (inflight < MIN_WINDOW_BYTES || inflight < self.window(rail)) && !self.sidelined(rail)
     }
 
     /// Makes `rail`'s measured rates (acknowledgements and the transport's) `bytes_per_sec`.
