@@ -4,7 +4,10 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use braid::{Completion, CompletionQueue, Context, Endpoint, EndpointOptions, RailAddr, Status};
+use braid::{
+    Completion, CompletionQueue, Context, ContextConfig, Endpoint, EndpointOptions, RailAddr,
+    Status,
+};
 
 /// How long a test waits for a completion or a connection before it fails.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -38,9 +41,15 @@ pub fn pair(rails: usize) -> Pair {
 /// A pair over `rails` loopback rails; `tune` adjusts both sides' options. Panics (it is for
 /// tests) when the pair cannot be set up within [`WAIT`].
 pub fn pair_with(rails: usize, tune: impl Fn(&mut EndpointOptions)) -> Pair {
+    let cfg = ContextConfig::from_env().expect("context settings from the environment");
+    pair_in(&cfg, rails, tune)
+}
+
+/// [`pair_with`], both contexts made with `cfg`.
+pub fn pair_in(cfg: &ContextConfig, rails: usize, tune: impl Fn(&mut EndpointOptions)) -> Pair {
     log_to_test_output();
-    let server_ctx = Context::new().expect("server context");
-    let client_ctx = Context::new().expect("client context");
+    let server_ctx = Context::with_config(cfg.clone()).expect("server context");
+    let client_ctx = Context::with_config(cfg.clone()).expect("client context");
     let server_cq = server_ctx.create_cq(4096);
     let client_cq = client_ctx.create_cq(4096);
     let addrs: Vec<SocketAddr> = (0..rails).map(|i| SocketAddr::new(rail_ip(i), 0)).collect();

@@ -43,6 +43,11 @@ const SAME_HOST_CHUNK: usize = braid_proto::wire::frame::MAX_FRAME_PAYLOAD as us
 pub const SECRET_ENV: &str = "BRAID_SECRET";
 /// Environment variable naming a file that holds the cluster secret.
 pub const SECRET_FILE_ENV: &str = "BRAID_SECRET_FILE";
+/// Environment variable giving [`ContextConfig::engine_threads`] to contexts made with
+/// [`Context::new`] (or configured by [`ContextConfig::from_env`]).
+pub const ENGINE_THREADS_ENV: &str = "BRAID_ENGINE_THREADS";
+/// Most progress threads a context may have.
+pub const MAX_ENGINE_THREADS: usize = 64;
 
 /// Settings of a [`Context`].
 #[derive(Clone, Default)]
@@ -53,6 +58,14 @@ pub struct ContextConfig {
     pub secret: Option<Vec<u8>>,
     /// Most bytes that may be registered at once in this context; `None` for no limit.
     pub max_registered_bytes: Option<u64>,
+    /// Progress threads of the context (0 counts as 1, at most [`MAX_ENGINE_THREADS`]).
+    /// The first owns the timers, commands and link events; the rails of the context's
+    /// endpoints are dealt to all of them in turn, and each thread reads and writes its
+    /// rails, so that rails that each fill a core (unshaped 10-100 GbE links) are received
+    /// on several cores. One (the default) serves every rail from one thread, which costs
+    /// the least CPU when rails are slow or a thread polls its queue itself (its reads
+    /// take the place of the engine's). See docs/ARCHITECTURE.md, "Progress engine".
+    pub engine_threads: usize,
 }
 
 impl std::fmt::Debug for ContextConfig {
@@ -60,13 +73,15 @@ impl std::fmt::Debug for ContextConfig {
         f.debug_struct("ContextConfig")
             .field("secret", &self.secret.as_ref().map(|_| "<set>"))
             .field("max_registered_bytes", &self.max_registered_bytes)
+            .field("engine_threads", &self.engine_threads)
             .finish()
     }
 }
 
 impl ContextConfig {
     /// Defaults, with the secret taken from `BRAID_SECRET`, or from the file named by
-    /// `BRAID_SECRET_FILE` (trailing newline removed), if either is set.
+    /// `BRAID_SECRET_FILE` (trailing newline removed), if either is set, and the engine
+    /// threads from `BRAID_ENGINE_THREADS` (1 if unset).
     pub fn from_env() -> Result<ContextConfig, Error> {
         let secret = if let Some(s) = std::env::var_os(SECRET_ENV) {
             Some(s.into_encoded_bytes())
@@ -90,11 +105,29 @@ impl ContextConfig {
         if secret.as_ref().is_some_and(|s| s.is_empty()) {
             return Err(Error::InvalidArgument("the cluster secret is empty".into()));
         }
+        let engine_threads = match std::env::var(ENGINE_THREADS_ENV) {
+            Ok(v) => parse_engine_threads(&v)?,
+            Err(_) => 1,
+        };
         Ok(ContextConfig {
             secret,
             max_registered_bytes: None,
+            engine_threads,
         })
     }
+}
+
+/// The value of [`ENGINE_THREADS_ENV`]: a count from 1 to [`MAX_ENGINE_THREADS`].
+fn parse_engine_threads(v: &str) -> Result<usize, Error> {
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=MAX_ENGINE_THREADS).contains(n))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{ENGINE_THREADS_ENV}={v:?}: expected a thread count from 1 to {MAX_ENGINE_THREADS}"
+            ))
+        })
 }
 
 /// A rail whose handshake is done: its link, and the TCP addresses it was dialled over (a
@@ -136,7 +169,13 @@ impl Context {
 
     /// Starts a context with explicit settings.
     pub fn with_config(cfg: ContextConfig) -> Result<Context, Error> {
-        let engine = Engine::start("braid-progress".into())?;
+        if cfg.engine_threads > MAX_ENGINE_THREADS {
+            return Err(Error::InvalidArgument(format!(
+                "{} engine threads: at most {MAX_ENGINE_THREADS}",
+                cfg.engine_threads
+            )));
+        }
+        let engine = Engine::start("braid-progress", "braid-rx", cfg.engine_threads)?;
         Ok(Context {
             inner: Arc::new(ContextInner {
                 registry: Arc::new(Registry::with_limit(cfg.max_registered_bytes)),

@@ -19,7 +19,7 @@ use common::*;
 fn ctx(secret: Option<&str>) -> Context {
     Context::with_config(ContextConfig {
         secret: secret.map(|s| s.as_bytes().to_vec()),
-        max_registered_bytes: None,
+        ..ContextConfig::default()
     })
     .unwrap()
 }
@@ -253,8 +253,8 @@ fn corrupted_payload_is_an_error_not_silent() {
 #[test]
 fn registered_bytes_are_limited() {
     let c = Context::with_config(ContextConfig {
-        secret: None,
         max_registered_bytes: Some(1 << 20),
+        ..ContextConfig::default()
     })
     .unwrap();
     let a = c.alloc_region(512 << 10, Access::all()).unwrap();

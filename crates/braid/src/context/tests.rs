@@ -121,3 +121,25 @@ fn an_endpoint_runs_over_a_link_that_is_not_tcp() {
     assert_eq!(&text, b"over the seam");
     assert!(cq_a.wait(wait).expect("the send completes").status.is_ok());
 }
+
+#[test]
+fn engine_thread_counts_outside_the_bounds_are_refused_with_a_reason() {
+    assert_eq!(parse_engine_threads(" 4\n").expect("4 threads"), 4);
+    assert_eq!(
+        parse_engine_threads("64").expect("the most"),
+        MAX_ENGINE_THREADS
+    );
+    for bad in ["0", "65", "-1", "four", ""] {
+        let e = parse_engine_threads(bad).expect_err(bad).to_string();
+        assert!(
+            e.contains(ENGINE_THREADS_ENV) && e.contains("1 to 64"),
+            "{bad}: {e}"
+        );
+    }
+    let e = Context::with_config(ContextConfig {
+        engine_threads: MAX_ENGINE_THREADS + 1,
+        ..ContextConfig::default()
+    })
+    .expect_err("too many threads");
+    assert!(e.to_string().contains("at most 64"), "{e}");
+}

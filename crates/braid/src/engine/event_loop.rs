@@ -11,10 +11,11 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use parking_lot::Mutex;
 
 use super::linkwatch::LinkWatch;
+use super::rail_worker::{RailWorker, on_rail_event};
 use super::transport::{LinkSample, Transport};
 use super::{APP_POLL_HOLD_NS, EndpointShared, clock_ns};
 
@@ -40,6 +41,9 @@ pub(crate) enum Command {
     Kick(u64),
     /// Send the endpoint's final frames, then drop it.
     Close(u64),
+    /// An application thread polls the endpoint: leave its reads to it (from a worker
+    /// that saw a rail of it readable).
+    Mute(u64),
     /// A new connection for a failed rail of an endpoint.
     Restore {
         /// The endpoint.
@@ -79,17 +83,28 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn start(name: String) -> std::io::Result<Engine> {
+    /// Starts the engine thread `name`, and `threads - 1` workers beside it (`workers-1`,
+    /// ...) over which the rails of its endpoints are spread. (Linux keeps 15 bytes of a
+    /// thread's name.)
+    pub(crate) fn start(name: &str, workers: &str, threads: usize) -> std::io::Result<Engine> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
         let shared = Arc::new(EngineShared {
             commands: Mutex::new(Vec::new()),
             waker,
         });
+        let mut rail_workers = Vec::new();
+        for i in 1..threads.max(1) {
+            let s = shared.clone();
+            rail_workers.push(RailWorker::start(
+                format!("{workers}-{i}"),
+                Box::new(move |id| s.send(Command::Mute(id))),
+            )?);
+        }
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || EngineLoop::new(poll, s2).run())?;
+            .name(name.into())
+            .spawn(move || EngineLoop::new(poll, s2, rail_workers).run())?;
         Ok(Engine {
             shared,
             thread: Some(thread),
@@ -114,13 +129,25 @@ impl Drop for Engine {
     }
 }
 
+/// Where a rail's readiness is watched: its token, and which thread owns it (0: the engine
+/// thread, `i`: worker `i - 1`).
+#[derive(Clone, Copy)]
+struct RailSlot {
+    token: usize,
+    owner: usize,
+}
+
 struct EngineLoop {
     poll: Poll,
     shared: Arc<EngineShared>,
+    /// The extra receive threads; rails are dealt to this thread and them in turn.
+    workers: Vec<RailWorker>,
+    /// Owner of the next rail registered (see [`RailSlot`]), modulo the thread count.
+    next_owner: usize,
     /// Receive state per token.
     rx: HashMap<usize, (Arc<EndpointShared>, usize)>,
-    /// Tokens of each endpoint's rails.
-    endpoints: HashMap<u64, (Arc<EndpointShared>, Vec<usize>)>,
+    /// Where each endpoint's rails are watched.
+    endpoints: HashMap<u64, (Arc<EndpointShared>, Vec<RailSlot>)>,
     /// Endpoints whose reads are left to an application thread polling them (their
     /// sockets are registered for writability only).
     muted: Vec<u64>,
@@ -138,10 +165,12 @@ struct EngineLoop {
 }
 
 impl EngineLoop {
-    fn new(poll: Poll, shared: Arc<EngineShared>) -> EngineLoop {
+    fn new(poll: Poll, shared: Arc<EngineShared>, workers: Vec<RailWorker>) -> EngineLoop {
         EngineLoop {
             poll,
             shared,
+            workers,
+            next_owner: 0,
             rx: HashMap::new(),
             endpoints: HashMap::new(),
             muted: Vec::new(),
@@ -184,22 +213,8 @@ impl EngineLoop {
                 let Some((ep, rail)) = self.rx.get(&token).cloned() else {
                     continue;
                 };
-                // A rail whose reads wait behind another rail (strict placement) reads
-                // nothing, and would not see a reset from the peer until it resumes.
-                if ev.is_error()
-                    && let Some(e) = ep.rails[rail].link().take_error()
-                {
-                    ep.fail_rail(rail, &format!("link error: {e}"));
-                }
-                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                    if ep.app_polling(clock_ns()) && !ev.is_read_closed() && !ev.is_error() {
-                        self.mute(&ep);
-                    } else {
-                        ep.rx_run(rail);
-                    }
-                }
-                if ev.is_writable() && !ep.closed.load(Ordering::Acquire) {
-                    ep.flush_all();
+                if on_rail_event(&ep, rail, ev) {
+                    self.mute(&ep);
                 }
                 if !touched.contains(&ep.id) {
                     touched.push(ep.id);
@@ -215,6 +230,13 @@ impl EngineLoop {
                     }
                     Command::Kick(id) => touched.push(id),
                     Command::Close(id) => self.close(id),
+                    Command::Mute(id) => {
+                        if let Some((ep, _)) = self.endpoints.get(&id).cloned()
+                            && ep.app_polling(clock_ns())
+                        {
+                            self.mute(&ep);
+                        }
+                    }
                     Command::Restore { id, rail, link } => {
                         self.restore(id, rail, link);
                         touched.push(id);
@@ -250,9 +272,17 @@ impl EngineLoop {
         }
     }
 
+    /// The epoll set of the thread that owns a rail.
+    fn registry(&self, owner: usize) -> &Registry {
+        match owner {
+            0 => self.poll.registry(),
+            i => self.workers[i - 1].registry(),
+        }
+    }
+
     fn set_interest(&self, ep: &EndpointShared, interest: Interest) {
-        if let Some((_, tokens)) = self.endpoints.get(&ep.id) {
-            for (rail, t) in tokens.iter().enumerate() {
+        if let Some((_, slots)) = self.endpoints.get(&ep.id) {
+            for (rail, slot) in slots.iter().enumerate() {
                 let fd = ep.rails[rail].fd();
                 // Such a link wakes the engine only when asked to, or when a blocked send
                 // has room again (which a writable-only interest would not see).
@@ -261,10 +291,11 @@ impl EngineLoop {
                 } else {
                     interest
                 };
-                let _ = self
-                    .poll
-                    .registry()
-                    .reregister(&mut SourceFd(&fd), Token(*t), interest);
+                let _ = self.registry(slot.owner).reregister(
+                    &mut SourceFd(&fd),
+                    Token(slot.token),
+                    interest,
+                );
             }
         }
     }
@@ -421,36 +452,43 @@ impl EngineLoop {
     }
 
     fn add(&mut self, ep: Arc<EndpointShared>) {
-        let mut tokens = Vec::new();
+        let mut slots = Vec::new();
         for (i, r) in ep.rails.iter().enumerate() {
-            let token = self.next_token;
+            let slot = RailSlot {
+                token: self.next_token,
+                owner: self.next_owner % (self.workers.len() + 1),
+            };
             self.next_token += 1;
+            self.next_owner += 1;
+            if slot.owner > 0 {
+                self.workers[slot.owner - 1].adopt(slot.token, ep.clone(), i);
+            }
             let fd = r.fd();
-            if let Err(e) = self.poll.registry().register(
+            if let Err(e) = self.registry(slot.owner).register(
                 &mut SourceFd(&fd),
-                Token(token),
+                Token(slot.token),
                 Interest::READABLE | Interest::WRITABLE,
             ) {
                 ep.fail_rail(i, &format!("cannot register with the progress engine: {e}"));
             }
-            self.rx.insert(token, (ep.clone(), i));
-            tokens.push(token);
+            self.rx.insert(slot.token, (ep.clone(), i));
+            slots.push(slot);
             self.watch_links(fd);
         }
         let id = ep.id;
-        self.endpoints.insert(id, (ep, tokens));
+        self.endpoints.insert(id, (ep, slots));
         // Data may have arrived before registration: edge-triggered polling would not report it.
         self.progress_rx_all(id);
         self.progress(id);
     }
 
     fn restore(&mut self, id: u64, rail: usize, link: Arc<dyn Transport>) {
-        let Some((ep, tokens)) = self.endpoints.get(&id) else {
+        let Some((ep, slots)) = self.endpoints.get(&id) else {
             return;
         };
-        let (ep, token) = (ep.clone(), tokens[rail]);
+        let (ep, slot) = (ep.clone(), slots[rail]);
         let old = ep.rails[rail].fd();
-        let _ = self.poll.registry().deregister(&mut SourceFd(&old));
+        let _ = self.registry(slot.owner).deregister(&mut SourceFd(&old));
         let fd = link.readiness_fd();
         ep.rails[rail].replace(link);
         self.in_flight_since.remove(&(id, rail));
@@ -461,9 +499,9 @@ impl EngineLoop {
             ep.deliver(&mut s);
             ok
         };
-        let registered = self.poll.registry().register(
+        let registered = self.registry(slot.owner).register(
             &mut SourceFd(&fd),
-            Token(token),
+            Token(slot.token),
             Interest::READABLE | Interest::WRITABLE,
         );
         if !restored || registered.is_err() {
@@ -474,37 +512,18 @@ impl EngineLoop {
     }
 
     fn progress_rx_all(&mut self, id: u64) {
-        let Some((_, tokens)) = self.endpoints.get(&id) else {
+        let Some((ep, _)) = self.endpoints.get(&id).cloned() else {
             return;
         };
-        for t in tokens.clone() {
-            if let Some((ep, rail)) = self.rx.get(&t).cloned() {
-                ep.rx_run(rail);
-            }
+        for rail in 0..ep.rails.len() {
+            ep.rx_run(rail);
         }
     }
 
     /// Retries stalled rails and flushes transmit work of one endpoint until it settles.
     fn progress(&mut self, id: u64) {
-        let Some((ep, tokens)) = self.endpoints.get(&id) else {
-            return;
-        };
-        let (ep, tokens) = (ep.clone(), tokens.clone());
-        for _ in 0..64 {
-            let retry = ep.session.lock().take_rx_retry();
-            if retry != 0 {
-                for (i, _) in tokens.iter().enumerate() {
-                    if retry & (1 << i) != 0 {
-                        ep.rx_run(i);
-                    }
-                }
-            }
-            if ep.closed.load(Ordering::Acquire) || !ep.flush_all() {
-                break;
-            }
-            if retry == 0 {
-                break;
-            }
+        if let Some((ep, _)) = self.endpoints.get(&id).cloned() {
+            ep.settle();
         }
     }
 
@@ -522,11 +541,14 @@ impl EngineLoop {
     fn remove(&mut self, id: u64) {
         self.muted.retain(|m| *m != id);
         self.in_flight_since.retain(|(e, _), _| *e != id);
-        if let Some((ep, tokens)) = self.endpoints.remove(&id) {
-            for (i, t) in tokens.into_iter().enumerate() {
-                self.rx.remove(&t);
+        if let Some((ep, slots)) = self.endpoints.remove(&id) {
+            for (i, slot) in slots.into_iter().enumerate() {
+                self.rx.remove(&slot.token);
                 let fd = ep.rails[i].fd();
-                let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+                let _ = self.registry(slot.owner).deregister(&mut SourceFd(&fd));
+                if slot.owner > 0 {
+                    self.workers[slot.owner - 1].release(slot.token);
+                }
             }
             ep.rx_abandon();
         }
@@ -591,7 +613,7 @@ mod tests {
 
     #[test]
     fn commands_for_unknown_endpoints_are_ignored_and_stop_ends_the_thread() {
-        let engine = Engine::start("braid-engine-test".into()).expect("engine starts");
+        let engine = Engine::start("braid-eng-test", "braid-eng-w", 2).expect("engine starts");
         engine.send(Command::Kick(7));
         engine.kicker().kick(8);
         engine.send(Command::Close(9));
@@ -615,5 +637,34 @@ mod tests {
             std::thread::yield_now();
         }
         assert!(thread.join().is_ok(), "the engine thread panicked");
+    }
+
+    /// Names of this process's threads.
+    fn thread_names() -> Vec<String> {
+        std::fs::read_dir("/proc/self/task")
+            .expect("/proc/self/task")
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|n| n.trim().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn workers_start_with_the_engine_and_stop_with_it() {
+        let engine = Engine::start("bt-eng", "bt-eng-rx", 3).expect("engine starts");
+        // A new thread names itself once it runs.
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let mut names = thread_names();
+        for w in ["bt-eng", "bt-eng-rx-1", "bt-eng-rx-2"] {
+            while !names.iter().any(|n| n == w) {
+                assert!(Instant::now() < deadline, "{w} missing from {names:?}");
+                std::thread::yield_now();
+                names = thread_names();
+            }
+        }
+        assert!(!names.iter().any(|n| n == "bt-eng-rx-3"), "{names:?}");
+        drop(engine);
+        // Dropping joins the engine thread, which drops (and joins) its workers.
+        let names = thread_names();
+        assert!(!names.iter().any(|n| n.starts_with("bt-eng")), "{names:?}");
     }
 }

@@ -9,6 +9,7 @@
 mod event_loop;
 pub(crate) mod io;
 mod linkwatch;
+mod rail_worker;
 mod rx;
 pub(crate) mod shm;
 pub(crate) mod transport;
@@ -251,6 +252,20 @@ impl EndpointShared {
         }
         if self.session.lock().rx_retry_pending() {
             self.kicker.kick(self.id);
+        }
+    }
+
+    /// Retries rails whose reads waited (behind another rail, or for a receive) and
+    /// flushes what that produced, until nothing is left to retry (bounded).
+    pub(crate) fn settle(&self) {
+        for _ in 0..64 {
+            let retry = self.session.lock().take_rx_retry();
+            for rail in (0..self.rails.len()).filter(|r| retry & (1 << r) != 0) {
+                self.rx_run(rail);
+            }
+            if self.closed.load(Ordering::Acquire) || !self.flush_all() || retry == 0 {
+                break;
+            }
         }
     }
 

@@ -23,7 +23,19 @@ pub fn pair_over(
     rails: usize,
     tune: impl Fn(&mut braid::EndpointOptions),
 ) -> Pair {
-    let p = pair_with(rails, |o| {
+    let cfg = braid::ContextConfig::from_env().expect("context settings from the environment");
+    pair_over_in(&cfg, transport, kind, rails, tune)
+}
+
+/// [`pair_over`], both contexts made with `cfg`.
+pub fn pair_over_in(
+    cfg: &braid::ContextConfig,
+    transport: braid::RailTransport,
+    kind: &str,
+    rails: usize,
+    tune: impl Fn(&mut braid::EndpointOptions),
+) -> Pair {
+    let p = braid_testkit::loopback::pair_in(cfg, rails, |o| {
         o.transport = transport;
         tune(o)
     });

@@ -1,0 +1,95 @@
+//! What braid's own code costs per small message, without the wire or a second core: two
+//! contexts in this process joined by a one-rail endpoint, and one thread that plays both
+//! sides of an 8 B `write_with_imm` ping-pong (post on one side, poll the other side's
+//! queue, which reads the rail itself, and back). A frame is in the rail before the other
+//! side polls, so the time per message is posting, framing, reading, executing and
+//! completing, and nothing else: on a same-host ring (the default) it is all user space;
+//! with `tcp` it adds a `sendmsg` and a `recv` on loopback.
+//!
+//! Run: `cargo run --release -p braid --example msg_cost -- [MESSAGES] [tcp]`. For the same
+//! path counted in instructions per function: `valgrind --tool=callgrind
+//! target/release/examples/msg_cost 5000` (docs/ARCHITECTURE.md, "Where a small message's
+//! time goes").
+
+use std::time::{Duration, Instant};
+
+use braid::{
+    Access, CompletionKind, CompletionQueue, Context, EndpointOptions, RailAddr, RailTransport,
+    Status,
+};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let n: u64 = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(100_000);
+    let tcp = args.next().as_deref() == Some("tcp");
+
+    let (sctx, cctx) = (Context::new()?, Context::new()?);
+    let (scq, ccq) = (sctx.create_cq(256), cctx.create_cq(256));
+    let listener = sctx.listen(&["127.0.0.1:0".parse()?])?;
+    let addr = listener.local_addrs()[0];
+    let (mut so, mut co) = (EndpointOptions::new(&scq), EndpointOptions::new(&ccq));
+    if tcp {
+        (so.transport, co.transport) = (RailTransport::Tcp, RailTransport::Tcp);
+    }
+    let accept = std::thread::spawn(move || listener.accept(&so, WAIT));
+    let client = cctx.connect(&[RailAddr::new(None, addr)], &co)?;
+    let server = accept
+        .join()
+        .map_err(|_| "the accepting thread panicked")??;
+
+    let (sreg, creg) = (
+        sctx.alloc_region(4096, Access::all())?,
+        cctx.alloc_region(4096, Access::all())?,
+    );
+    let (skey, ckey) = (sreg.remote_key(), creg.remote_key());
+    let (sping, cping) = (sreg.slice(0, 8)?, creg.slice(0, 8)?);
+    let (srecv, crecv) = (sreg.slice(64, 8)?, creg.slice(64, 8)?);
+
+    // The next receive completion of `cq`; send completions met on the way are checked.
+    let next_recv = |cq: &CompletionQueue| -> Result<u64, String> {
+        let start = Instant::now();
+        let mut empty_polls = 0;
+        loop {
+            match cq.poll() {
+                Some(c) if c.status != Status::Success => return Err(format!("{c:?}")),
+                Some(c) if c.kind == CompletionKind::RecvWriteImm => return Ok(empty_polls),
+                Some(_) => {}
+                None if start.elapsed() > WAIT => return Err("no completion".into()),
+                None => empty_polls += 1,
+            }
+        }
+    };
+
+    // Returns the time taken and the polls that found nothing.
+    let run = |count: u64| -> Result<(Duration, u64), Box<dyn std::error::Error>> {
+        let (t0, mut empty_polls) = (Instant::now(), 0);
+        for i in 0..count {
+            server.post_recv(i, std::slice::from_ref(&srecv))?;
+            client.post_recv(i, std::slice::from_ref(&crecv))?;
+            client.write_with_imm(i, std::slice::from_ref(&cping), &skey, 8, 1)?;
+            empty_polls += next_recv(&scq)?;
+            server.write_with_imm(i, std::slice::from_ref(&sping), &ckey, 8, 2)?;
+            empty_polls += next_recv(&ccq)?;
+        }
+        Ok((t0.elapsed(), empty_polls))
+    };
+    run(n / 10 + 1)?; // warm-up: caches, the allocator, rate estimates
+    let (dt, empty_polls) = run(n)?;
+    // Both sides' send completions, which came with the replies.
+    while scq.poll().is_some() || ccq.poll().is_some() {}
+    println!(
+        "{} rail, {} messages: {:.0} ns per message (one way, both ends on one thread), \
+         {} empty polls",
+        if tcp { "tcp" } else { "same-host" },
+        2 * n,
+        dt.as_secs_f64() * 1e9 / (2 * n) as f64,
+        empty_polls
+    );
+    Ok(())
+}
