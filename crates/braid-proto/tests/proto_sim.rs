@@ -1827,8 +1827,8 @@ fn fuzz_session(frames: &[FuzzFrame]) {
                     );
                 }
                 if defer {
-                    pending[rail] = Some(pl.iov);
-                } else if !finish(&mut s, rail, pl.iov) {
+                    pending[rail] = Some(pl.iov.into_vec());
+                } else if !finish(&mut s, rail, pl.iov.into_vec()) {
                     return;
                 }
             }

@@ -11,6 +11,7 @@ use crate::mem::access::Access;
 use crate::mem::file::{copy_maybe_fragile, read_fragile};
 use crate::mem::inner::RegionPin;
 use crate::mem::registry::{FileEnds, Registry};
+use crate::proto::session::Pieces;
 use crate::wire::WireStatus;
 use crate::wire::sgl::WireSge;
 
@@ -94,8 +95,8 @@ impl Spans {
     }
 
     /// Memory of the operation's bytes `[off, off + len)`, in order.
-    pub(crate) fn pieces(&self, mut off: u64, mut len: u64) -> Vec<(*mut u8, usize)> {
-        let mut out = Vec::new();
+    pub(crate) fn pieces(&self, mut off: u64, mut len: u64) -> Pieces<(*mut u8, usize)> {
+        let mut out = Pieces::new();
         for s in &self.list {
             if len == 0 {
                 break;

@@ -64,7 +64,7 @@ static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 /// Replaces the payload of a frame with zeros of the same length: the bytes already sent
 /// stay sent, the stream stays in step, and the session has been told the frame is void.
 fn pad_frame(t: &mut Transmit) {
-    t.payload = zero_pieces(t.payload.iter().map(|p| p.1).sum());
+    t.payload = zero_pieces(t.payload.iter().map(|p| p.1).sum()).into();
 }
 
 /// Payload pieces of `len` zero bytes, each at most [`ZEROS`] long.

@@ -114,7 +114,7 @@ impl Session {
                     };
                     (h, payload, keep, Some(logged))
                 }
-                Sent::Control(h) => (*h, Vec::new(), None, Some(Sent::Control(*h))),
+                Sent::Control(h) => (*h, super::Pieces::new(), None, Some(Sent::Control(*h))),
             };
             return Some((frame, e));
         }
@@ -133,7 +133,7 @@ impl Session {
             return Some(RxAction::Done);
         }
         self.staged_bytes += h.payload_len as u64;
-        let iov = vec![(data.ptr, data.len)];
+        let iov = smallvec::smallvec![(data.ptr, data.len)];
         self.rails[rail].rx_keep = Some(Keep::Staging(data.clone()));
         self.rails[rail].rx_pending = Some(RxPending::Staged(Staged { h: *h, data }));
         Some(RxAction::Place(Placement {

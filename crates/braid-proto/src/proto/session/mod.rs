@@ -51,7 +51,7 @@ mod testkit;
 
 pub use config::SessionConfig;
 pub use hedge::HedgeStats;
-pub use types::{Placement, PostError, ProtocolError, Request, RxAction, Transmit};
+pub use types::{Pieces, Placement, PostError, ProtocolError, Request, RxAction, Transmit};
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -380,8 +380,8 @@ fn sgl_pieces<T>(
     mut off: u64,
     mut len: u64,
     mk: impl Fn(*mut u8, usize) -> T,
-) -> Vec<T> {
-    let mut out = Vec::new();
+) -> Pieces<T> {
+    let mut out = Pieces::new();
     for s in sgl {
         if len == 0 {
             break;

@@ -120,7 +120,7 @@ impl Session {
                     return Err(ProtocolError::BadDescriptor { seq: h.seq });
                 }
                 let data = StagingBuf::new(h.payload_len as usize);
-                let iov = vec![(data.ptr, data.len)];
+                let iov = smallvec::smallvec![(data.ptr, data.len)];
                 self.rails[rail].rx_keep = Some(Keep::Staging(data.clone()));
                 self.rails[rail].rx_pending = Some(RxPending::Descriptor(Staged { h: *h, data }));
                 return Ok(RxAction::Place(Placement {

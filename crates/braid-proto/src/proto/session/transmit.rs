@@ -13,7 +13,7 @@ use crate::wire::frame::{
 use crate::wire::{FrameHeader, Opcode, WireStatus};
 
 use super::staging::StagingBuf;
-use super::types::{Keep, Transmit};
+use super::types::{Keep, Pieces, Transmit};
 use super::{LogEntry, Sent, Session, sgl_pieces};
 
 /// Transmit cursor over the requests whose frames are not all handed to rails yet.
@@ -51,7 +51,7 @@ pub(super) struct TxFrame {
 /// A frame to send: header, payload pieces, memory to keep alive, and what to log.
 pub(super) type Frame = (
     FrameHeader,
-    Vec<(*const u8, usize)>,
+    Pieces<(*const u8, usize)>,
     Option<Keep>,
     Option<Sent>,
 );
@@ -63,7 +63,7 @@ pub(super) fn response_frame(
     total: u64,
     off: u64,
     len: u64,
-) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>) {
+) -> (FrameHeader, Pieces<(*const u8, usize)>, Option<Keep>) {
     let mut h = FrameHeader::new(Opcode::ReadResponse);
     h.seq = seq;
     h.arg0 = total;
@@ -82,7 +82,7 @@ pub(super) fn response_frame(
             let ptr = unsafe { buf.ptr.add((off - base) as usize) } as *const u8;
             (
                 h,
-                vec![(ptr, len as usize)],
+                smallvec::smallvec![(ptr, len as usize)],
                 Some(Keep::Staging(buf.clone())),
             )
         }
@@ -146,11 +146,11 @@ impl Session {
             if let Some(h) = self.rails[rail].ctrl.pop_front() {
                 let logged = matches!(h.opcode, Opcode::Done | Opcode::AtomicResponse)
                     .then_some(Sent::Control(h));
-                (h, Vec::new(), None, logged)
+                (h, Pieces::new(), None, logged)
             } else if self.needs_ack_req(rail) {
                 let mut h = FrameHeader::new(Opcode::RailAck);
                 h.flags |= FLAG_ACK_REQ;
-                (h, Vec::new(), None, None)
+                (h, Pieces::new(), None, None)
             } else if let Some((frame, e)) = self
                 .data_allowed(rail)
                 .then(|| self.next_retransmission(rail))
@@ -207,7 +207,7 @@ impl Session {
                 if !ok {
                     self.note_tx_fault(&mut hdr, true);
                 }
-                payload = vec![(buf.ptr as *const u8, total)];
+                payload = smallvec::smallvec![(buf.ptr as *const u8, total)];
                 keep = Some(Keep::Staging(buf));
             }
             let mut crc = 0;
@@ -320,7 +320,7 @@ impl Session {
     pub(super) fn descriptor_frame(
         &self,
         i: usize,
-    ) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>) {
+    ) -> (FrameHeader, Pieces<(*const u8, usize)>, Option<Keep>) {
         let op = &self.ops[i];
         let desc = op
             .desc
@@ -336,7 +336,7 @@ impl Session {
         }
         (
             h,
-            vec![(desc.as_ptr(), desc.len())],
+            smallvec::smallvec![(desc.as_ptr(), desc.len())],
             Some(Keep::Bytes(desc)),
         )
     }
@@ -347,7 +347,7 @@ impl Session {
         i: usize,
         off: u64,
         max_len: u64,
-    ) -> (FrameHeader, Vec<(*const u8, usize)>, Option<Keep>, u64) {
+    ) -> (FrameHeader, Pieces<(*const u8, usize)>, Option<Keep>, u64) {
         let op = &self.ops[i];
         // A vectored write's data chunks name no region: the descriptor did.
         let opcode = match op.opcode {
@@ -367,7 +367,7 @@ impl Session {
             h.aux = imm;
         }
         if !opcode.is_chunk() {
-            return (h, Vec::new(), None, 0);
+            return (h, Pieces::new(), None, 0);
         }
         let len = (op.total - off).min(max_len);
         if op.early {

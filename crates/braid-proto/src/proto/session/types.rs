@@ -197,12 +197,16 @@ impl Keep {
     }
 }
 
+/// Memory pieces of one frame, as (pointer, length): inline up to two (a small frame's
+/// payload, or its placement, is one piece), so that a message allocates no list for them.
+pub type Pieces<T> = smallvec::SmallVec<[T; 2]>;
+
 /// A frame ready for one rail: header bytes then payload read straight from registered memory.
 pub struct Transmit {
     /// The encoded header.
     pub header: [u8; HEADER_LEN],
     /// Payload pieces, in order, as (pointer, length).
-    pub payload: Vec<(*const u8, usize)>,
+    pub payload: Pieces<(*const u8, usize)>,
     /// For a read-response chunk the session tracks (sent straight from the target's region,
     /// or of a read served from file pages): a token the driver hands back to
     /// [`Session::transmitted`](super::Session::transmitted) once the frame is completely written.
@@ -237,7 +241,7 @@ impl Transmit {
 /// until [`Session::payload_done`](super::Session::payload_done).
 pub struct Placement {
     /// Destination pieces, as (pointer, length).
-    pub iov: Vec<(*mut u8, usize)>,
+    pub iov: Pieces<(*mut u8, usize)>,
     /// The pieces are file pages, which a truncation can take away: the driver must not
     /// store into them from user space (a `SIGBUS`), only with system calls, and reports a
     /// failed one ( `EFAULT`) with [`Session::payload_fault`](super::Session::payload_fault).
