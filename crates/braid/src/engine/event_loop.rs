@@ -231,10 +231,17 @@ impl EngineLoop {
                     Command::Kick(id) => touched.push(id),
                     Command::Close(id) => self.close(id),
                     Command::Mute(id) => {
-                        if let Some((ep, _)) = self.endpoints.get(&id).cloned()
-                            && ep.app_polling(clock_ns())
-                        {
-                            self.mute(&ep);
+                        if let Some((ep, _)) = self.endpoints.get(&id).cloned() {
+                            if ep.app_polling(clock_ns()) {
+                                self.mute(&ep);
+                            } else {
+                                // The poller left before this came: what the worker left
+                                // to it is read now (its edge is gone).
+                                for rail in 0..ep.rails.len() {
+                                    ep.rx_run(rail);
+                                }
+                                touched.push(id);
+                            }
                         }
                     }
                     Command::Restore { id, rail, link } => {

@@ -102,7 +102,8 @@ impl EndpointShared {
         loop {
             // The session had nothing more when the batch was topped up: once the batch is
             // out, there is no need to ask again (a thread that gives the session more
-            // frames flushes them itself, after this one lets the transmit lock go).
+            // frames flushes them itself, after this one lets the transmit lock go), unless
+            // a read response went out, whose news may free more.
             let mut exhausted = false;
             {
                 // Top the batch up: several small frames (a Done and the next request, say)
@@ -164,6 +165,9 @@ impl EndpointShared {
                         let t = tx.batch.pop_front().expect("checked");
                         tx.off -= t.len();
                         if let Some(seq) = t.read_response {
+                            // The session may have more once it knows (a read's trailer):
+                            // ask it again below.
+                            exhausted = false;
                             let mut s = self.session.lock();
                             s.transmitted(seq);
                             if s.rx_retry_pending() {
