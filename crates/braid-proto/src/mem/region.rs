@@ -18,6 +18,10 @@ use crate::mem::inner::Backing;
 use crate::mem::inner::RegionInner;
 use crate::mem::registry::Registry;
 
+/// Memory pieces of one frame, as (pointer, length): inline up to two (a small frame's
+/// payload, or its placement, is one piece), so that a message allocates no list for them.
+pub type Pieces<T> = smallvec::SmallVec<[T; 2]>;
+
 /// What a peer needs to reach a region: its key and its length.
 ///
 /// The key is 48 random bits from the operating system's generator followed by a 16-bit

@@ -10,8 +10,8 @@ use smallvec::{SmallVec, smallvec};
 use crate::mem::access::Access;
 use crate::mem::file::{copy_maybe_fragile, read_fragile};
 use crate::mem::inner::RegionPin;
+use crate::mem::region::Pieces;
 use crate::mem::registry::{FileEnds, Registry};
-use crate::proto::session::Pieces;
 use crate::wire::WireStatus;
 use crate::wire::sgl::WireSge;
 

@@ -49,9 +49,10 @@ mod window;
 #[cfg(test)]
 mod testkit;
 
+pub use crate::mem::region::Pieces;
 pub use config::SessionConfig;
 pub use hedge::HedgeStats;
-pub use types::{Pieces, Placement, PostError, ProtocolError, Request, RxAction, Transmit};
+pub use types::{Placement, PostError, ProtocolError, Request, RxAction, Transmit};
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;

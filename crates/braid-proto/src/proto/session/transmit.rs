@@ -13,8 +13,9 @@ use crate::wire::frame::{
 use crate::wire::{FrameHeader, Opcode, WireStatus};
 
 use super::staging::StagingBuf;
-use super::types::{Keep, Pieces, Transmit};
+use super::types::{Keep, Transmit};
 use super::{LogEntry, Sent, Session, sgl_pieces};
+use crate::mem::region::Pieces;
 
 /// Transmit cursor over the requests whose frames are not all handed to rails yet.
 pub(super) struct ReqCursor {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::mem::inner::RegionPin;
-use crate::mem::region::{RemoteSge, Sge, sgl_is_fragile};
+use crate::mem::region::{Pieces, RemoteSge, Sge, sgl_is_fragile};
 use crate::proto::spans::Spans;
 use crate::wire::Opcode;
 use crate::wire::frame::HEADER_LEN;
@@ -196,10 +196,6 @@ impl Keep {
         }
     }
 }
-
-/// Memory pieces of one frame, as (pointer, length): inline up to two (a small frame's
-/// payload, or its placement, is one piece), so that a message allocates no list for them.
-pub type Pieces<T> = smallvec::SmallVec<[T; 2]>;
 
 /// A frame ready for one rail: header bytes then payload read straight from registered memory.
 pub struct Transmit {
