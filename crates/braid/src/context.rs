@@ -140,6 +140,8 @@ pub(crate) struct RailLink {
 struct ContextInner {
     registry: Arc<Registry>,
     engine: Arc<Engine>,
+    /// Progress threads (see [`ContextConfig::engine_threads`]).
+    engine_threads: usize,
     secret: Option<Arc<[u8]>>,
     /// Endpoints accepted here, by their session id: where re-joining rails go.
     live: Mutex<HashMap<u64, Weak<EndpointShared>>>,
@@ -180,6 +182,7 @@ impl Context {
             inner: Arc::new(ContextInner {
                 registry: Arc::new(Registry::with_limit(cfg.max_registered_bytes)),
                 engine: Arc::new(engine),
+                engine_threads: cfg.engine_threads.max(1),
                 secret: cfg.secret.map(Arc::from),
                 live: Mutex::new(HashMap::new()),
             }),
@@ -261,6 +264,12 @@ impl Context {
         access: Access,
     ) -> Result<Region, Error> {
         Region::register_file_in(&self.inner.registry, file, offset, len, access)
+    }
+
+    /// The context's progress threads: the engine thread and its workers (see
+    /// [`ContextConfig::engine_threads`]).
+    pub fn engine_threads(&self) -> usize {
+        self.inner.engine_threads
     }
 
     /// Number of regions registered in this context.

@@ -142,4 +142,12 @@ fn engine_thread_counts_outside_the_bounds_are_refused_with_a_reason() {
     })
     .expect_err("too many threads");
     assert!(e.to_string().contains("at most 64"), "{e}");
+    let three = Context::with_config(ContextConfig {
+        engine_threads: 3,
+        ..ContextConfig::default()
+    })
+    .expect("three threads");
+    assert_eq!(three.engine_threads(), 3);
+    let zero = Context::with_config(ContextConfig::default()).expect("the default");
+    assert_eq!(zero.engine_threads(), 1, "0 counts as 1");
 }

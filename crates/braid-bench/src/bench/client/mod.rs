@@ -169,11 +169,16 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
     let transport = transports.join(",");
     // What this side sends over same-host rails goes by page exchange when it can.
     let page_exchange = opts.page_exchange && transports.contains(&"shm");
-    let carried = if page_exchange {
+    let mut carried = if page_exchange {
         format!("{transport}, page exchange")
     } else {
         transport.clone()
     };
+    // This side's progress threads (`BRAID_ENGINE_THREADS`), when more than one.
+    let engine_threads = ctx.engine_threads();
+    if engine_threads > 1 {
+        carried += &format!(", {engine_threads} engine threads");
+    }
     say(&output::header(
         op,
         rails.len(),
@@ -256,6 +261,8 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
             transport: &'a str,
             /// The client sent whole pages by page exchange (`BRAID_PAGE_EXCHANGE`).
             page_exchange: bool,
+            /// The client's progress threads (`BRAID_ENGINE_THREADS`).
+            engine_threads: usize,
             rail_addrs: Vec<String>,
             results: &'a [Row],
         }
@@ -264,6 +271,7 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
             rails: rails.len(),
             transport: &transport,
             page_exchange,
+            engine_threads,
             rail_addrs: a
                 .rails
                 .iter()

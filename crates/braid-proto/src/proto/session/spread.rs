@@ -79,6 +79,10 @@ impl Session {
     /// operation: a 4 MiB write at depth 1 over 1 Gbit/s and 500 kbit/s went at 56-61 MB/s,
     /// against 119.5 on the fast rail alone.
     pub(super) fn far_slower(&self, rail: usize) -> bool {
+        if self.rails.len() == 1 {
+            // No other rail to be slower than.
+            return false;
+        }
         let mine = self.measured_rate(rail);
         mine > 0.0
             && (0..self.rails.len())
