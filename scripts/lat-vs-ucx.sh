@@ -4,7 +4,8 @@
 # waits (`braid bench write-lat --baseline`, which also runs the busy-polling and the
 # blocking TCP ping-pong on the same rail), then `ucx_perftest -t tag_lat` over TCP
 # (UCX_TLS=tcp) on the same rail. Needs root and ucx-utils; makes the testbed `latu` and
-# removes it at the end.
+# removes it at the end. Each round also times 8 B `read` and `fetch_add` (`braid bench
+# read-lat` and `atomic-lat`, whole operations) beside the TCP ping-pong's round trip.
 # usage: scripts/lat-vs-ucx.sh [BRAID] [ROUNDS] [BRAID_BENCH_ARGS...]
 set -euo pipefail
 BRAID=${1:-target/release/braid}
@@ -24,6 +25,14 @@ for r in $(seq 1 "$ROUNDS"); do
     $H0 "$BRAID" bench write-lat --rails $A=$B:19600 -s 8 -n 20000 --baseline "$@" \
         --json "$out/b.json" >/dev/null 2>&1 || echo "round $r: braid run failed" >&2
     wait $sp || true
+    for op in read-lat atomic-lat; do
+        $H1 "$BRAID" bench server --listen $B:19600 >/dev/null 2>&1 &
+        sp=$!
+        sleep 0.4
+        $H0 "$BRAID" bench $op --rails $A=$B:19600 -s 8 -n 20000 --baseline "$@" \
+            --json "$out/$op.json" >/dev/null 2>&1 || echo "round $r: braid $op failed" >&2
+        wait $sp || true
+    done
     UCX_TLS=tcp UCX_NET_DEVICES=p0r0 timeout 60 $H1 ucx_perftest -p 19601 >/dev/null 2>&1 &
     up=$!
     sleep 0.5
@@ -45,6 +54,16 @@ if ucx:
 if wait is not None and tw is not None:  # absent with --poll-only
     line += f"; blocking: braid {wait:.2f} us, TCP {tw:.2f} us, braid/TCP {wait / tw:.2f}"
 print(line)
+for op in ("read-lat", "atomic-lat"):
+    try:
+        o = json.load(open(f"{sys.argv[1].rsplit('/', 1)[0]}/{op}.json"))["results"][0]
+    except (OSError, ValueError, KeyError, IndexError):
+        continue
+    m = lambda k: o[k]["median"] if k in o else None
+    line = f"round {sys.argv[3]}: {op} busy {m('lat_poll'):.2f} us per operation, TCP busy round trip {m('tcp_lat_poll'):.2f} us, ratio {o['ratio']:.2f}"
+    if m("lat_wait") is not None and m("tcp_lat") is not None:
+        line += f"; blocking {m('lat_wait'):.2f} us, TCP {m('tcp_lat'):.2f} us, ratio {o['ratio_wait']:.2f}"
+    print(line)
 PY
 done
 rm -rf "$out"

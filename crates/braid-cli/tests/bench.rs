@@ -241,6 +241,57 @@ fn write_lat_with_baseline() {
     assert!(run.client_out.contains("tcp-p") && run.client_out.contains("tcp-w"));
 }
 
+/// ib_read_lat's and ib_atomic_lat's figures: whole operations, not halved, beside a TCP
+/// ping-pong's full round trip.
+#[test]
+fn read_lat_verify_with_baseline() {
+    let run = bench(
+        2,
+        &[
+            "read-lat",
+            "-s",
+            "300",
+            "-n",
+            "150",
+            "--verify",
+            "--baseline",
+        ],
+    );
+    let r = &results(&run)[0];
+    assert_eq!(r["op"].as_str(), Some("read-lat"), "{r}");
+    assert_eq!(r["verified"].as_bool(), Some(true), "{r}");
+    assert_eq!(r["lat_poll"]["samples"].as_u64(), Some(150), "{r}");
+    assert!(r["lat_wait"]["median"].as_f64().unwrap() > 0.0, "{r}");
+    let med = f(r, "lat_us_median");
+    assert_eq!(f(r, "rtt_us_median"), med, "{r}");
+    let tcp = r["tcp_lat_poll"]["median"].as_f64().unwrap();
+    assert!((f(r, "ratio") - med / tcp).abs() < 1e-9 * med / tcp, "{r}");
+    assert!(
+        r["lat_definition"].as_str().unwrap().contains("not halved"),
+        "{r}"
+    );
+    assert!(
+        run.client_out.contains("RDMA_Read Latency"),
+        "{}",
+        run.client_out
+    );
+}
+
+#[test]
+fn atomic_lat_returns_every_value_in_order() {
+    let run = bench(1, &["atomic-lat", "-n", "200", "--poll-only"]);
+    let r = &results(&run)[0];
+    assert_eq!(r["op"].as_str(), Some("atomic-lat"), "{r}");
+    assert_eq!(r["size"].as_u64(), Some(8), "{r}");
+    // The client checks each returned value, the server the final counter.
+    assert_eq!(r["verified"].as_bool(), Some(true), "{r}");
+    assert!(
+        r["verify_detail"].as_str().unwrap().contains("counter"),
+        "{r}"
+    );
+    assert!(f(r, "lat_us_median") > 0.0, "{r}");
+}
+
 #[test]
 fn send_lat_verify() {
     let run = bench(

@@ -139,7 +139,9 @@ impl CompletionQueue {
 
     /// How long [`CompletionQueue::wait`] busy-polls (driving progress itself, see
     /// [`CompletionQueue::poll`]) before sleeping (default 20 µs): spinning saves a wake-up
-    /// on latency-bound loops, sleeping saves CPU.
+    /// on latency-bound loops, sleeping saves CPU. A waiter woken by data that completed
+    /// nothing in this queue (a peer's read or fetch-add, which the waiter serves) polls
+    /// the rails for as long again before it sleeps again; zero turns both spins off.
     pub fn set_spin(&self, spin: Duration) {
         *self.inner.spin.lock() = spin;
     }
@@ -316,17 +318,30 @@ impl CompletionQueue {
             && let Some(mut armed) = self.arm()
         {
             self.inner.waiter_armed.store(true, Ordering::SeqCst);
+            // Until when the rails are polled without sleeping: data that woke this thread
+            // but completed nothing here (a peer's read or fetch-add, served by this
+            // thread) is often followed by more within the spin, which a poll then takes
+            // without another wake-up.
+            let mut spin_until: Option<Instant> = None;
             let got = loop {
                 if let Some(c) = self.pop_locked(&mut self.inner.state.lock()) {
                     break Some(c);
                 }
                 std::sync::atomic::fence(Ordering::SeqCst);
-                let left = deadline.saturating_duration_since(Instant::now());
+                let now = Instant::now();
+                let left = deadline.saturating_duration_since(now);
                 if left.is_zero() {
                     break None;
                 }
                 if self.is_empty() {
-                    armed.sleep(left);
+                    if spin_until.is_some_and(|t| now < t) {
+                        if armed.sleep(Duration::ZERO) {
+                            spin_until = Some(Instant::now() + spin);
+                        }
+                        std::hint::spin_loop();
+                    } else if armed.sleep(left) && !spin.is_zero() {
+                        spin_until = Some(Instant::now() + spin);
+                    }
                 }
             };
             self.inner.waiter_armed.store(false, Ordering::SeqCst);

@@ -122,6 +122,55 @@ fn writes_land_while_the_targets_only_thread_sleeps_on_the_rails() {
     });
 }
 
+/// The target's only thread waits in `wait` with its default spin: woken by a peer's read
+/// or fetch-add, which completes nothing in its queue, it serves it and polls the rails
+/// for the spin before sleeping again. Every operation is served in order, the message
+/// at the end still completes its wait, and a wait with nothing coming still times out.
+#[test]
+fn reads_and_fetch_adds_are_served_by_a_waiting_target_thread_that_spins_after_each() {
+    let p = pair(2);
+    let target = p.server_ctx.alloc_region(1 << 16, Access::all()).unwrap();
+    let rbuf = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
+    let dst = p.client_ctx.alloc_region(1 << 16, Access::all()).unwrap();
+    let data = pattern(11, 1 << 16);
+    target.write_at(0, &data[..]).unwrap();
+    target.write_at(0, &[0u8; 8]).unwrap();
+    p.server
+        .post_recv(5, &[rbuf.slice(0, 64).unwrap()])
+        .unwrap();
+    let ready = Barrier::new(2);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            ready.wait();
+            let c = expect_ok(&p.server_cq, 5);
+            assert_eq!(c.byte_len, 8);
+            let t = Instant::now();
+            assert!(p.server_cq.wait(Duration::from_millis(50)).is_none());
+            assert!(t.elapsed() >= Duration::from_millis(50));
+        });
+        ready.wait();
+        let rk = target.remote_key();
+        for i in 0..300u64 {
+            if i % 2 == 0 {
+                let off = 4096 + (i as usize % 15) * 4096;
+                p.client
+                    .read(i, &[dst.slice(off, 4096).unwrap()], &rk, off as u64)
+                    .unwrap();
+                expect_ok(&p.client_cq, i);
+                assert_eq!(dst.to_vec(off, 4096).unwrap(), data[off..off + 4096]);
+            } else {
+                p.client.fetch_add(i, &rk, 0, 1).unwrap();
+                let c = expect_ok(&p.client_cq, i);
+                assert_eq!(c.kind, CompletionKind::FetchAdd);
+                assert_eq!(c.value, Some(i / 2));
+            }
+        }
+        p.client.send(300, &[dst.slice(0, 8).unwrap()]).unwrap();
+        expect_ok(&p.client_cq, 300);
+    });
+    assert_eq!(target.atomic_u64(0).unwrap().load(Ordering::SeqCst), 150);
+}
+
 /// An armed queue's descriptor, in the caller's own `poll(2)` set, becomes readable when a
 /// message arrives; polling the queue then finds it.
 #[test]

@@ -1,8 +1,10 @@
 //! `braid bench`: perftest-style benchmarks of braid's operations (`ib_write_bw`,
-//! `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw`, `ib_write_lat`, `ib_send_lat`).
+//! `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw`, `ib_write_lat`, `ib_send_lat`,
+//! `ib_read_lat`, `ib_atomic_lat`).
 //!
 //! A `bench server` listens on one address per rail and serves one client run (or runs
-//! forever); a client (`bench write|read|send|fetch-add|write-lat|send-lat`) connects an
+//! forever); a client (`bench write|read|send|fetch-add|write-lat|send-lat|read-lat|
+//! atomic-lat`) connects an
 //! endpoint over its rails and runs one *test* per message size over it.
 //!
 //! # Control protocol
@@ -97,6 +99,10 @@ pub enum BenchCmd {
     WriteLat(ClientArgs),
     /// Send/receive ping-pong latency (ib_send_lat).
     SendLat(ClientArgs),
+    /// One read at a time: time from posting to its completion (ib_read_lat).
+    ReadLat(ClientArgs),
+    /// One 8-byte fetch-add at a time: time from posting to its completion (ib_atomic_lat).
+    AtomicLat(ClientArgs),
 }
 
 /// Server options.
@@ -293,6 +299,10 @@ pub enum Op {
     WriteLat,
     /// Send ping-pong.
     SendLat,
+    /// One read at a time.
+    ReadLat,
+    /// One fetch-add at a time.
+    AtomicLat,
     /// Plain TCP stream on rail 0's path.
     TcpStream,
     /// Plain TCP ping-pong on rail 0's path.
@@ -309,14 +319,35 @@ impl Op {
             Op::FetchAdd => "fetch-add",
             Op::WriteLat => "write-lat",
             Op::SendLat => "send-lat",
+            Op::ReadLat => "read-lat",
+            Op::AtomicLat => "atomic-lat",
             Op::TcpStream => "tcp-stream",
             Op::TcpPingPong => "tcp-ping-pong",
         }
     }
 
-    /// A ping-pong latency test.
+    /// A latency test: one operation at a time.
     pub fn is_lat(self) -> bool {
-        matches!(self, Op::WriteLat | Op::SendLat | Op::TcpPingPong)
+        matches!(
+            self,
+            Op::WriteLat | Op::SendLat | Op::ReadLat | Op::AtomicLat | Op::TcpPingPong
+        )
+    }
+
+    /// A latency test of one-sided operations that the client alone drives (read,
+    /// fetch-add): each sample is the whole operation, a round trip, not half of one.
+    pub fn is_op_lat(self) -> bool {
+        matches!(self, Op::ReadLat | Op::AtomicLat)
+    }
+
+    /// The test whose target side serves this one: the latency tests of one-sided
+    /// operations need from the server what their bandwidth tests need.
+    pub fn served_as(self) -> Op {
+        match self {
+            Op::ReadLat => Op::Read,
+            Op::AtomicLat => Op::FetchAdd,
+            op => op,
+        }
     }
 }
 
@@ -420,6 +451,8 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::FetchAdd(a) => client::run(Op::FetchAdd, &a),
         BenchCmd::WriteLat(a) => client::run(Op::WriteLat, &a),
         BenchCmd::SendLat(a) => client::run(Op::SendLat, &a),
+        BenchCmd::ReadLat(a) => client::run(Op::ReadLat, &a),
+        BenchCmd::AtomicLat(a) => client::run(Op::AtomicLat, &a),
     }
 }
 

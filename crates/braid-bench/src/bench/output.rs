@@ -4,36 +4,48 @@ use serde::Serialize;
 
 use super::Op;
 
-/// Latency statistics of round-trip samples (ns), in µs; `one_way` = RTT/2 as perftest.
+/// Latency statistics in µs: of a ping-pong, one way = RTT/2 as perftest
+/// ([`LatStats::from_rtts`]); of a read or fetch-add, the whole operation
+/// ([`LatStats::from_op_times`]).
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct LatStats {
     /// Rounds measured.
     pub samples: usize,
-    /// One-way (RTT/2) minimum, µs.
+    /// Minimum.
     pub min: f64,
-    /// One-way median.
+    /// Median.
     pub median: f64,
-    /// One-way 99th percentile.
+    /// 99th percentile.
     pub p99: f64,
-    /// One-way 99.9th percentile.
+    /// 99.9th percentile.
     pub p999: f64,
-    /// One-way maximum.
+    /// Maximum.
     pub max: f64,
-    /// One-way mean.
+    /// Mean.
     pub avg: f64,
-    /// One-way standard deviation.
+    /// Standard deviation.
     pub stdev: f64,
 }
 
 impl LatStats {
     /// From round-trip times in ns.
     pub fn from_rtts(rtts: &mut [u64]) -> LatStats {
+        Self::from_ns(rtts, 2000.0)
+    }
+
+    /// From whole-operation times in ns, not halved: a read or a fetch-add is itself the
+    /// round trip (perftest's `ib_read_lat` and `ib_atomic_lat` report it so).
+    pub fn from_op_times(times: &mut [u64]) -> LatStats {
+        Self::from_ns(times, 1000.0)
+    }
+
+    fn from_ns(rtts: &mut [u64], ns_per_unit: f64) -> LatStats {
         if rtts.is_empty() {
             return LatStats::default();
         }
         rtts.sort_unstable();
         let n = rtts.len();
-        let us = |ns: u64| ns as f64 / 2000.0;
+        let us = |ns: u64| ns as f64 / ns_per_unit;
         let pct = |p: f64| us(rtts[((n as f64 * p).ceil() as usize).clamp(1, n) - 1]);
         let avg = rtts.iter().map(|&x| us(x)).sum::<f64>() / n as f64;
         let var = rtts.iter().map(|&x| (us(x) - avg).powi(2)).sum::<f64>() / n as f64;
@@ -103,7 +115,8 @@ pub struct Row {
     /// Latency: how the figures are defined.
     #[serde(skip_serializing_if = "is_none")]
     pub lat_definition: Option<String>,
-    /// One-way latency (RTT/2), busy-polled, minimum, µs.
+    /// Latency (one way = RTT/2 for ping-pongs, the whole operation for read-lat and
+    /// atomic-lat: see `lat_definition`), busy-polled, minimum, µs.
     #[serde(skip_serializing_if = "is_none")]
     pub lat_us_min: Option<f64>,
     /// ... median.
@@ -177,6 +190,8 @@ pub fn header(
         Op::FetchAdd => "Atomic FETCH_AND_ADD BW Test",
         Op::WriteLat => "RDMA_Write Latency Test (write_with_imm ping-pong)",
         Op::SendLat => "Send Latency Test",
+        Op::ReadLat => "RDMA_Read Latency Test",
+        Op::AtomicLat => "Atomic FETCH_AND_ADD Latency Test",
         Op::TcpStream | Op::TcpPingPong => "TCP",
     };
     let line = "-".repeat(100);
@@ -197,11 +212,18 @@ pub fn header(
             None => "",
         }
     );
-    if op.is_lat() {
+    if op.is_op_lat() {
+        s += " latencies are whole operations, post to completion, in usec (as perftest); poll = busy cq.poll, wait = cq.wait\n";
+        if baseline {
+            s += " tcp-p / tcp-w = a TCP ping-pong's round trip on rail 0's path, busy-polled / blocking; braid/TCP divides the same modes\n";
+        }
+    } else if op.is_lat() {
         s += " latencies are one-way = RTT/2 in usec (as perftest); poll = busy cq.poll, wait = cq.wait\n";
         if baseline {
             s += " tcp-p / tcp-w = a TCP ping-pong on rail 0's path, busy-polled / blocking; braid/TCP divides the same modes\n";
         }
+    }
+    if op.is_lat() {
         s += &format!(
             " {:>8} {:>12} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
             "#bytes",

@@ -212,9 +212,11 @@ fn run_test(
     };
     let mut scratch = Vec::new();
     let mut got = Vec::new();
-    match s.op {
-        Op::Write | Op::Read | Op::FetchAdd => {
-            let file = match (&args.file, s.op) {
+    // The latency tests of one-sided operations are served as their bandwidth tests.
+    let op = s.op.served_as();
+    match op {
+        Op::Write | Op::Read | Op::FetchAdd | Op::ReadLat | Op::AtomicLat => {
+            let file = match (&args.file, op) {
                 (Some(path), Op::Write | Op::Read) => match file_region(ctx, path, s.size) {
                     Ok(f) => Some(f),
                     Err(e) => {
@@ -232,7 +234,7 @@ fn run_test(
                 },
                 _ => None,
             };
-            let (slots, len) = if s.op == Op::FetchAdd {
+            let (slots, len) = if op == Op::FetchAdd {
                 (1, 4096)
             } else if let Some((_, slots)) = &file {
                 (*slots, slots * s.size)
@@ -249,7 +251,7 @@ fn run_test(
                 // Resident before the clock starts, as a verbs registration would make it.
                 None => ctx.alloc_region_with(len, Access::all(), super::POPULATED)?,
             };
-            if s.op == Op::Read && (!from_file || s.verify) {
+            if op == Op::Read && (!from_file || s.verify) {
                 for k in 0..slots {
                     write_pattern(
                         &region,
@@ -269,7 +271,7 @@ fn run_test(
             let done = wait_done(peer, done_within)?;
             stop(peer, &mut t);
             let region = t.region.as_ref().expect("region");
-            if s.op == Op::FetchAdd {
+            if op == Op::FetchAdd {
                 let v = region
                     .atomic_u64(0)?
                     .load(std::sync::atomic::Ordering::SeqCst);
@@ -278,7 +280,7 @@ fn run_test(
                 t.report.verified = Some(ok);
                 t.report.verify_detail =
                     Some(format!("counter {v}, client completed {done} fetch-adds"));
-            } else if s.op == Op::Write {
+            } else if op == Op::Write {
                 t.report.messages = done;
                 if s.verify {
                     let r =

@@ -178,7 +178,8 @@ impl<'a> ArmedQueue<'a> {
     /// Sleeps until data arrives on a rail, a completion is pushed, or `timeout` passes;
     /// then reads the rails that had data (each with the blocking receive lock, so bytes
     /// another thread left behind are read too) and sends what that produced.
-    pub(super) fn sleep(&mut self, timeout: Duration) {
+    /// Returns whether a rail had data.
+    pub(super) fn sleep(&mut self, timeout: Duration) -> bool {
         self.ready.clear();
         self.set.wait(timeout, &mut self.ready);
         let mut touched: Vec<usize> = Vec::new();
@@ -193,6 +194,7 @@ impl<'a> ArmedQueue<'a> {
         for d in touched {
             self.drivers[d].flush();
         }
+        !self.ready.is_empty()
     }
 }
 

@@ -202,9 +202,11 @@ pub(super) fn run_lat(
 }
 
 /// A TCP ping-pong of `size` bytes on rail 0's path, blocking in `recv` on both sides if
-/// `wait_mode`, else spinning on non-blocking sockets.
+/// `wait_mode`, else spinning on non-blocking sockets. Beside a test of `op`: one way
+/// (RTT/2) for a ping-pong test, the whole round trip for read-lat and atomic-lat.
 pub(super) fn tcp_lat(
     peer: &mut Peer,
+    op: Op,
     size: usize,
     plan: &Plan,
     wait_mode: bool,
@@ -223,5 +225,9 @@ pub(super) fn tcp_lat(
     let mut rtts = tcp::ping_pong(&mut s, size, !wait_mode, warmup, plan.iters, deadline)?;
     drop(s);
     finish_test(peer, rtts.len() as u64 + warmup)?;
-    Ok(LatStats::from_rtts(&mut rtts))
+    Ok(if op.is_op_lat() {
+        LatStats::from_op_times(&mut rtts)
+    } else {
+        LatStats::from_rtts(&mut rtts)
+    })
 }

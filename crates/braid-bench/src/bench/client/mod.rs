@@ -15,9 +15,11 @@ use super::{
 
 mod bw;
 mod lat;
+mod op_lat;
 
 use bw::{TcpBw, merge_bw, run_bw, tcp_bw};
 use lat::{run_lat, tcp_lat};
+use op_lat::run_op_lat;
 
 /// Everything a test needs from the command line.
 struct Plan {
@@ -92,9 +94,9 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
         (None, None) if op.is_lat() => 1000,
         (None, None) => 5000,
     };
-    let sizes = if op == Op::FetchAdd {
+    let sizes = if matches!(op, Op::FetchAdd | Op::AtomicLat) {
         if a.all || a.size.is_some_and(|s| s != 8) {
-            eprintln!("fetch-add moves 8-byte words; -s/-a ignored");
+            eprintln!("{} moves 8-byte words; -s/-a ignored", op.name());
         }
         vec![8]
     } else if a.all {
@@ -191,9 +193,10 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
     let mut rows = Vec::new();
     for &size in &sizes {
         let mut row = if op.is_lat() {
-            let mut row = run_lat(&ctx, &mut peer, op, size, false, &plan)?;
+            let run = if op.is_op_lat() { run_op_lat } else { run_lat };
+            let mut row = run(&ctx, &mut peer, op, size, false, &plan)?;
             if !a.poll_only {
-                let w = run_lat(&ctx, &mut peer, op, size, true, &plan)?;
+                let w = run(&ctx, &mut peer, op, size, true, &plan)?;
                 row.lat_wait = w.lat_poll;
                 row.spin_us = a.spin_us;
                 merge_verify(&mut row, w.verified, w.verify_detail);
@@ -230,16 +233,18 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
         };
         if a.baseline && op.is_lat() {
             // Each braid mode beside the TCP ping-pong of the same mode.
-            let l = tcp_lat(&mut peer, size, &plan, false)?;
+            let l = tcp_lat(&mut peer, op, size, &plan, false)?;
             if l.samples > 0 && l.median > 0.0 {
                 row.ratio = row.lat_us_median.map(|b| b / l.median);
-                row.ratio_definition = Some(
-                    "braid one-way median latency, busy poll / TCP ping-pong's, busy poll (non-blocking recv in a spin loop on both sides)".into(),
-                );
+                row.ratio_definition = Some(if op.is_op_lat() {
+                    "braid median time per operation, busy poll / TCP ping-pong's median round trip, busy poll (non-blocking recv in a spin loop on both sides)".into()
+                } else {
+                    "braid one-way median latency, busy poll / TCP ping-pong's, busy poll (non-blocking recv in a spin loop on both sides)".into()
+                });
             }
             row.tcp_lat_poll = Some(l);
             if !a.poll_only {
-                let l = tcp_lat(&mut peer, size, &plan, true)?;
+                let l = tcp_lat(&mut peer, op, size, &plan, true)?;
                 if l.samples > 0 && l.median > 0.0 {
                     row.ratio_wait = row.lat_wait.as_ref().map(|b| b.median / l.median);
                 }
