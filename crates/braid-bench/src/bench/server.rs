@@ -529,7 +529,13 @@ fn lat_server(
             if (s.wait_mode || spins.is_multiple_of(65536)) && peer.ep.is_closed() {
                 bail!("latency test: the endpoint closed (client gone?)");
             }
-            drain_pongs(peer, &mut outstanding, &mut pending)?;
+            // Pongs complete when the client's next ping arrives (its Done rides with it),
+            // and are drained after that ping: polling the send queue on every empty poll
+            // too would make each poll of a busy loop twice as long, and a ping wait longer
+            // to be seen.
+            if s.wait_mode || spins.is_multiple_of(super::YIELD_EVERY) {
+                drain_pongs(peer, &mut outstanding, &mut pending)?;
+            }
             continue;
         };
         {
@@ -552,11 +558,13 @@ fn lat_server(
                     {
                         bad = Some(format!("ping {imm}: first wrong byte at offset {off}"));
                     }
-                    peer.post_recv(sge)?;
                     let key = client_key.as_ref().expect("write-lat key");
                     post_retry(peer, &mut outstanding, &mut pending, |ep| {
                         ep.write_with_imm(seq, std::slice::from_ref(&pong_src), key, 0, imm)
                     })?;
+                    // Reposted after the pong left, as the TCP ping-pong's server answers
+                    // first (R receives are posted; the next ping needs this pong first).
+                    peer.post_recv(sge)?;
                 }
                 (false, CompletionKind::Recv, None) => {
                     if s.verify && bad.is_none() {
