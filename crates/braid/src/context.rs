@@ -404,6 +404,7 @@ impl Context {
             kicker: self.inner.engine.kicker(),
             app_polled: std::sync::atomic::AtomicU64::new(0),
             ctrl_held_since: std::sync::atomic::AtomicU64::new(0),
+            answer_due: std::sync::atomic::AtomicBool::new(false),
             rail_sleepers: std::sync::atomic::AtomicUsize::new(0),
         });
         let weak: Weak<dyn crate::cq::Driver> = Arc::downgrade(&shared) as Weak<EndpointShared>;

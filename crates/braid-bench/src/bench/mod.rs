@@ -727,6 +727,32 @@ impl Peer {
         }
     }
 
+    /// [`Peer::wait_ctrl`], busy-polling the receive queue instead of blocking in it.
+    pub fn poll_ctrl(&mut self, timeout: Duration) -> Result<Ctrl> {
+        let deadline = Instant::now() + timeout;
+        let mut spins = 0u32;
+        loop {
+            if let Some(c) = self.rcq.poll() {
+                if let Some(m) = self.decode(&c)? {
+                    return Ok(m);
+                }
+                continue;
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(YIELD_EVERY) {
+                std::thread::yield_now();
+            }
+            if spins.is_multiple_of(4096) {
+                if Instant::now() >= deadline {
+                    bail!("no control message from the peer within {timeout:?} (peer gone?)");
+                }
+                if self.ep.is_closed() {
+                    bail!("the endpoint closed while waiting for a control message (peer gone?)");
+                }
+            }
+        }
+    }
+
     /// Per-rail bytes sent so far.
     pub fn rail_bytes(&self) -> Vec<u64> {
         self.ep.rail_bytes_sent()

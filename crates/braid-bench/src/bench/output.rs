@@ -213,7 +213,7 @@ pub fn header(
         }
     );
     if op.is_op_lat() {
-        s += " latencies are whole operations, post to completion, in usec (as perftest); poll = busy cq.poll, wait = cq.wait\n";
+        s += " latencies are whole operations, post to completion, in usec (as perftest); poll = busy cq.poll, wait = cq.wait, on both sides\n";
         if baseline {
             s += " tcp-p / tcp-w = a TCP ping-pong's round trip on rail 0's path, busy-polled / blocking; braid/TCP divides the same modes\n";
         }

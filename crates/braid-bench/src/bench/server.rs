@@ -268,7 +268,16 @@ fn run_test(
             t.region = Some(region);
             peer.post_ctrl_recv()?;
             start(peer, &mut t, reply)?;
-            let done = wait_done(peer, done_within)?;
+            // The latency tests' server polls as its client does: a busy-polling target,
+            // or one blocked in `wait` (which serves the requests that wake it).
+            let done = if s.op.is_op_lat() && !s.wait_mode {
+                match peer.poll_ctrl(done_within)? {
+                    Ctrl::Done(d) => d.iterations,
+                    other => bail!("expected Done, got {other:?}"),
+                }
+            } else {
+                wait_done(peer, done_within)?
+            };
             stop(peer, &mut t);
             let region = t.region.as_ref().expect("region");
             if op == Op::FetchAdd {

@@ -157,6 +157,11 @@ pub(crate) struct EndpointShared {
     /// acknowledgement) for the application's next request to carry ([`clock_ns`]; 0 =
     /// none held). See [`CTRL_HOLD_NS`].
     pub(crate) ctrl_held_since: AtomicU64,
+    /// A receive completed here since the last flush: the application is likely to answer,
+    /// and its request can carry the control frames that wait. Without one (the target of
+    /// one-sided operations, which see no completion here), a `Done` or an atomic's
+    /// response is what the peer waits for, and holding it back would only delay it.
+    pub(crate) answer_due: AtomicBool,
     /// Threads sleeping on this endpoint's sockets (see `CompletionQueue::arm`): the
     /// engine leaves reads to them as to a polling thread.
     pub(crate) rail_sleepers: AtomicUsize,
@@ -169,7 +174,10 @@ impl EndpointShared {
     pub(crate) fn deliver(&self, s: &mut Session) {
         while let Some(c) = s.poll_completion() {
             match c.kind {
-                CompletionKind::Recv | CompletionKind::RecvWriteImm => self.recv_cq.push(c),
+                CompletionKind::Recv | CompletionKind::RecvWriteImm => {
+                    self.answer_due.store(true, Ordering::Release);
+                    self.recv_cq.push(c)
+                }
                 _ => self.send_cq.push(c),
             }
         }
@@ -231,16 +239,22 @@ impl EndpointShared {
         let now = clock_ns();
         self.app_polled.store(now, Ordering::Release);
         // What the previous poll's reading produced (acknowledgements, Done frames) goes out
-        // first, unless it is control frames only and a busy-polling thread has held them
-        // for less than CTRL_HOLD_NS: a request the application posts meanwhile carries
-        // them in the same send.
+        // first, unless it is control frames only, a receive completed since the last
+        // flush, and a busy-polling thread has held them for less than CTRL_HOLD_NS: the
+        // answer the application posts meanwhile carries them in the same send. Without
+        // such a receive nothing here is about to answer (see `answer_due`): a `Done` or an
+        // atomic's response goes at once; acknowledgements are still held.
         let (data, ctrl) = {
             let s = self.session.lock();
             (0..self.rails.len()).fold((false, false), |(d, c), r| {
                 (d || s.wants_data_transmit(r), c || s.wants_ctrl_transmit(r))
             })
         };
-        if data || (ctrl && (wait_for_readers || self.ctrl_held_long(now))) {
+        let urgent = ctrl && !self.answer_due.load(Ordering::Acquire) && {
+            let s = self.session.lock();
+            (0..self.rails.len()).any(|r| s.wants_reply_transmit(r))
+        };
+        if data || urgent || (ctrl && (wait_for_readers || self.ctrl_held_long(now))) {
             self.flush_all();
         }
         for rail in 0..self.rails.len() {

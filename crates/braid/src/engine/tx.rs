@@ -208,6 +208,7 @@ impl EndpointShared {
     pub(crate) fn flush_all(&self) -> bool {
         // Whatever a polling thread held back goes now.
         self.ctrl_held_since.store(0, Ordering::Release);
+        self.answer_due.store(false, Ordering::Release);
         // One rail: no pass can find it chosen again behind another rail, and asking the
         // session first whether it wants to send costs what the flush's own asking costs.
         let single = self.rails.len() == 1;

@@ -1,7 +1,8 @@
 //! Latency of one-sided operations the client alone drives (`ib_read_lat`,
 //! `ib_atomic_lat`): one read or fetch-add in flight, each timed from its post to its
 //! completion. The server's application takes no part; its side is served by whichever
-//! braid thread reads its rails (its engine, or its main thread waiting for `Done`).
+//! braid thread reads its rails: its main thread, which waits for the client's `Done` as
+//! the client waits for its completions (busy polling, or blocked in `cq.wait`).
 
 use std::time::{Duration, Instant};
 

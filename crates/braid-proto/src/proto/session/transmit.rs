@@ -111,6 +111,19 @@ impl Session {
         r.alive && (!r.ctrl.is_empty() || self.needs_ack_req(rail))
     }
 
+    /// True when `rail` has a `Done` or an atomic's response queued: control frames that
+    /// complete an operation the peer waits for, unlike an acknowledgement. A driver that
+    /// holds control frames back for the application's next request to carry holds these
+    /// only when that request is likely to come soon.
+    pub fn wants_reply_transmit(&self, rail: usize) -> bool {
+        let r = &self.rails[rail];
+        r.alive
+            && !r.ctrl.is_empty()
+            && r.ctrl
+                .iter()
+                .any(|h| matches!(h.opcode, Opcode::Done | Opcode::AtomicResponse))
+    }
+
     /// True when `rail` may send no more data, has bytes unacknowledged, and none of them
     /// asked for an acknowledgement: a window that shrank under what was in flight (a
     /// rate estimate fell) or is smaller than the receiver's unasked thresholds would wait
