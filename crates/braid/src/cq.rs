@@ -321,8 +321,7 @@ impl CompletionQueue {
             // Until when the rails are polled without sleeping: data that woke this thread
             // but completed nothing here (a peer's read or fetch-add, served by this
             // thread) is often followed by more within the spin, which a poll then takes
-            // without another wake-up. The polls do not arm the links; the rails are read
-            // once more, arming them, before the next sleep.
+            // without another wake-up.
             let mut spin_until: Option<Instant> = None;
             let got = loop {
                 if let Some(c) = self.pop_locked(&mut self.inner.state.lock()) {
@@ -335,20 +334,13 @@ impl CompletionQueue {
                     break None;
                 }
                 if self.is_empty() {
-                    match spin_until {
-                        Some(t) if now < t => {
-                            armed.poll_rails();
-                            std::hint::spin_loop();
+                    if spin_until.is_some_and(|t| now < t) {
+                        if armed.sleep(Duration::ZERO) {
+                            spin_until = Some(Instant::now() + spin);
                         }
-                        Some(_) => {
-                            spin_until = None;
-                            armed.rearm();
-                        }
-                        None => {
-                            if armed.sleep(left) && !spin.is_zero() {
-                                spin_until = Some(Instant::now() + spin);
-                            }
-                        }
+                        std::hint::spin_loop();
+                    } else if armed.sleep(left) && !spin.is_zero() {
+                        spin_until = Some(Instant::now() + spin);
                     }
                 }
             };

@@ -175,28 +175,6 @@ impl<'a> ArmedQueue<'a> {
         }
     }
 
-    /// Polls every rail once without arming the links, as a busy-polling thread does: a
-    /// same-host ring is read straight from memory, and its peer is not asked to ring the
-    /// bell while this thread is awake. Before sleeping again, [`ArmedQueue::rearm`].
-    /// What the polls produced (a read's response, an atomic's) goes at once: the thread
-    /// serves requests, and nothing it is about to post would carry it sooner.
-    pub(super) fn poll_rails(&self) {
-        for d in &self.drivers {
-            d.drive();
-            d.flush();
-        }
-    }
-
-    /// After [`ArmedQueue::poll_rails`]: drops the edges that polling left in the set
-    /// (their bytes were read, or are read now) and reads every rail arming its link, so
-    /// that the next sleep is woken by what arrives after this, and only by that.
-    pub(super) fn rearm(&mut self) {
-        self.ready.clear();
-        self.set.wait(Duration::ZERO, &mut self.ready);
-        self.ready.clear();
-        self.progress();
-    }
-
     /// Sleeps until data arrives on a rail, a completion is pushed, or `timeout` passes;
     /// then reads the rails that had data (each with the blocking receive lock, so bytes
     /// another thread left behind are read too) and sends what that produced.

@@ -75,7 +75,7 @@ impl Pair {
     }
 
     /// Side `side` hands out at most one frame on `rail`; true if it did.
-    fn tx_one(&mut self, side: usize, rail: usize) -> bool {
+    pub(super) fn tx_one(&mut self, side: usize, rail: usize) -> bool {
         if self.dead[rail] {
             return false;
         }
@@ -104,7 +104,7 @@ impl Pair {
     }
 
     /// Side `side` reads at most one frame on `rail`; true if it did.
-    fn rx_one(&mut self, side: usize, rail: usize) -> bool {
+    pub(super) fn rx_one(&mut self, side: usize, rail: usize) -> bool {
         let from = 1 - side;
         if self.dead[rail] || self.held[rail] || self.stalled[rail][side] {
             return false;

@@ -516,6 +516,52 @@ mod tests {
     use super::super::testkit::Pair;
     use super::super::{Request, SessionConfig};
 
+    /// What a driver must not hold back for the application's next request: the answer
+    /// to an atomic, and the `Done` of an operation executed here.
+    #[test]
+    fn an_atomics_response_and_a_writes_done_are_replies() {
+        let mut p = Pair::new(SessionConfig::default(), 1);
+        let target = p.region(1, 128, 0);
+        let key = target.remote_key().key;
+        p.post(
+            0,
+            1,
+            Request::FetchAdd {
+                rkey: key,
+                addr: 0,
+                add: 5,
+            },
+        );
+        assert!(p.tx_one(0, 0));
+        assert!(!p.s[1].wants_reply_transmit(0));
+        assert!(p.rx_one(1, 0));
+        assert!(p.s[1].wants_reply_transmit(0));
+        assert!(!p.s[1].wants_data_transmit(0));
+        assert!(p.tx_one(1, 0));
+        assert!(!p.s[1].wants_reply_transmit(0));
+        let src = p.region(0, 64, 7);
+        p.post(
+            0,
+            2,
+            Request::Write {
+                local: vec![src.as_sge()],
+                rkey: key,
+                addr: 64,
+                imm: None,
+            },
+        );
+        assert!(p.tx_one(0, 0));
+        assert!(p.rx_one(1, 0));
+        assert!(p.s[1].wants_reply_transmit(0));
+        assert!(p.tx_one(1, 0));
+        assert!(!p.s[1].wants_reply_transmit(0));
+        p.run();
+        p.assert_no_errors("replies");
+        let done: Vec<(u64, Option<u64>)> = p.done[0].iter().map(|c| (c.wr_id, c.value)).collect();
+        assert_eq!(done, vec![(1, Some(0)), (2, None)]);
+        assert_eq!(target.to_vec(64, 64).unwrap(), vec![7; 64]);
+    }
+
     #[test]
     fn a_write_goes_in_chunks_of_at_most_a_quarter_window_with_crcs() {
         const LEN: usize = (5 << 20) + 123;
