@@ -244,15 +244,17 @@ impl EndpointShared {
         // answer the application posts meanwhile carries them in the same send. Without
         // such a receive nothing here is about to answer (see `answer_due`): a `Done` or an
         // atomic's response goes at once; acknowledgements are still held.
-        let (data, ctrl) = {
+        let answer_due = self.answer_due.load(Ordering::Acquire);
+        let (data, ctrl, urgent) = {
             let s = self.session.lock();
-            (0..self.rails.len()).fold((false, false), |(d, c), r| {
-                (d || s.wants_data_transmit(r), c || s.wants_ctrl_transmit(r))
+            (0..self.rails.len()).fold((false, false, false), |(d, c, u), r| {
+                let c_r = s.wants_ctrl_transmit(r);
+                (
+                    d || s.wants_data_transmit(r),
+                    c || c_r,
+                    u || (c_r && !answer_due && s.wants_reply_transmit(r)),
+                )
             })
-        };
-        let urgent = ctrl && !self.answer_due.load(Ordering::Acquire) && {
-            let s = self.session.lock();
-            (0..self.rails.len()).any(|r| s.wants_reply_transmit(r))
         };
         if data || urgent || (ctrl && (wait_for_readers || self.ctrl_held_long(now))) {
             self.flush_all();
