@@ -4,18 +4,18 @@
 //! braid thread reads its rails: its main thread, which waits for the client's `Done` as
 //! the client waits for its completions (busy polling, or blocked in `cq.wait`).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
 use braid::{Access, CompletionKind, Context, Error as BraidError};
 
-use crate::bench::YIELD_EVERY;
 use crate::bench::output::{LatStats, Row};
 use crate::bench::{
     Op, Peer, Progress, READ_SEED, check_status, cpu_seconds, rail_delta, region_matches,
 };
 
-use super::{Plan, finish_test, merge_verify, per_gb, remote_key, setup_for, setup_test};
+use super::lat::{Rounds, lat_row, next_completion};
+use super::{Plan, finish_test, merge_verify, remote_key, setup_for, setup_test};
 
 /// One `op` (read-lat: a `size`-byte read of the server's first slot; atomic-lat: a
 /// fetch-add of 1 on its counter) at a time, busy-polled or blocking in `cq.wait`.
@@ -33,34 +33,18 @@ pub(super) fn run_op_lat(
     let rkey = remote_key(&reply)?;
     let into = dst.slice(0, size)?;
     let (mut scratch, mut got) = (Vec::new(), Vec::new());
-    let warmup = if plan.iters == u64::MAX {
-        100
-    } else {
-        (plan.iters / 10).min(100)
-    };
     let mode = if wait_mode { "wait" } else { "poll" };
     let mut prog = Progress::new(
         format!("{} {size} B ({mode})", op.name()),
         plan.duration,
         plan.iters,
     );
-    let mut times: Vec<u64> = Vec::with_capacity(plan.iters.min(1 << 22) as usize);
     let mut bad: Option<String> = None;
     let rails0 = peer.rail_bytes();
     let cpu0 = cpu_seconds();
-    let t0 = Instant::now();
-    let mut t_measured = t0;
-    let deadline = plan.duration.map(|d| t0 + d);
-    let mut i = 0u64;
-    loop {
-        if i == warmup {
-            t_measured = Instant::now();
-        }
-        if i >= warmup
-            && (times.len() as u64 >= plan.iters || deadline.is_some_and(|d| Instant::now() >= d))
-        {
-            break;
-        }
+    let mut rounds = Rounds::new(plan);
+    while rounds.go_on() {
+        let i = rounds.i;
         if read && plan.verify {
             // Each read must bring the bytes again.
             dst.fill(0, size, 0)?;
@@ -81,29 +65,7 @@ pub(super) fn run_op_lat(
             }
             Err(e) => return Err(e).with_context(|| format!("posting {} #{i}", op.name())),
         }
-        let mut spins = 0u32;
-        let c = loop {
-            let c = if wait_mode {
-                peer.scq.wait(Duration::from_millis(50))
-            } else {
-                peer.scq.poll()
-            };
-            if let Some(c) = c {
-                break c;
-            }
-            spins = spins.wrapping_add(1);
-            if !wait_mode && spins.is_multiple_of(YIELD_EVERY) {
-                // As in the ping-pong: let a thread that needs the core now and then run.
-                std::thread::yield_now();
-            }
-            if (wait_mode || spins.is_multiple_of(4096)) && t.elapsed() > plan.stall {
-                bail!(
-                    "{}: no completion for {:?} (server gone?)",
-                    op.name(),
-                    plan.stall
-                );
-            }
-        };
+        let c = next_completion(&peer.scq, wait_mode, t, plan.stall, op, "completion")?;
         let took = t.elapsed().as_nanos() as u64;
         check_status(&c, op.name())?;
         let kind = if read {
@@ -130,52 +92,35 @@ pub(super) fn run_op_lat(
                 ));
             }
         }
-        if i >= warmup {
-            times.push(took);
-        }
-        i += 1;
-        prog.tick(times.len() as u64);
+        rounds.record(took);
+        prog.tick(rounds.samples.len() as u64);
     }
-    let seconds = t_measured.elapsed().as_secs_f64();
+    let seconds = rounds.seconds();
+    let i = rounds.i;
     let client_cpu = cpu_seconds() - cpu0;
     prog.finish();
     let client_rails = rail_delta(&peer.rail_bytes(), &rails0);
     let report = finish_test(peer, i)?;
-    let l = LatStats::from_op_times(&mut times);
-    let n = l.samples as u64;
-    let bytes = n * size as u64;
-    let mut row = Row {
-        op: op.name().into(),
+    let l = LatStats::from_op_times(&mut rounds.samples);
+    let mut row = lat_row(
+        peer,
+        op,
         size,
-        iterations: n,
-        bytes,
+        l,
         seconds,
-        bw_mb_s: bytes as f64 / seconds / 1e6,
-        msg_rate: n as f64 / seconds,
-        msg_rate_mpps: n as f64 / seconds / 1e6,
-        rails: peer.ep.rail_count(),
-        depth: 1,
-        chunk_size: plan.chunk,
-        client_cpu_s: client_cpu,
-        server_cpu_s: report.cpu_s,
-        client_cpu_s_per_gb: per_gb(client_cpu, bytes),
-        server_cpu_s_per_gb: per_gb(report.cpu_s, bytes),
-        rail_bytes: report.rail_bytes.clone(),
-        client_rail_bytes: client_rails,
-        server_rail_bytes: report.rail_bytes.clone(),
-        lat_definition: Some(
-            "latency = the whole operation, from post to completion, one in flight (perftest's \
-             ib_read_lat/ib_atomic_lat convention; not halved: it is itself a round trip); \
-             rtt_us_median = lat_us_median; the TCP baselines are a ping-pong's full round trip"
-                .into(),
-        ),
-        lat_us_min: Some(l.min),
-        lat_us_median: Some(l.median),
-        lat_us_p99: Some(l.p99),
-        rtt_us_median: Some(l.median),
-        lat_poll: Some(l),
-        ..Default::default()
-    };
+        client_cpu,
+        &report,
+        client_rails,
+        plan,
+    );
+    // The data comes from the server.
+    row.rail_bytes = report.rail_bytes.clone();
+    row.lat_definition = Some(
+        "latency = the whole operation, from post to completion, one in flight (perftest's \
+         ib_read_lat/ib_atomic_lat convention; not halved: it is itself a round trip); \
+         rtt_us_median = lat_us_median; the TCP baselines are a ping-pong's full round trip"
+            .into(),
+    );
     if read && plan.verify {
         row.verified = Some(bad.is_none());
         row.verify_detail = Some(bad.unwrap_or_else(|| format!("{i} reads checked by the client")));
