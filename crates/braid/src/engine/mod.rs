@@ -301,6 +301,10 @@ impl EndpointShared {
     /// `Session::take_dead_rails`). Called without the session lock: a shutdown takes the
     /// rail's transmit lock, which `flush_rail` holds while it takes the session lock.
     pub(crate) fn close_dead_rails(&self, dead: u64) {
+        if dead == 0 {
+            // The usual case, asked after every frame.
+            return;
+        }
         for (i, r) in self.rails.iter().enumerate() {
             if dead & (1 << i) != 0 {
                 r.abort();

@@ -20,6 +20,21 @@ pub(super) struct LoneOp {
 const SHARE_ALIGN: u128 = crate::mem::shared::PAGE as u128;
 
 impl Session {
+    /// True when the session has several rails to spread work over. With one, a lone
+    /// operation's share is all of it and every small operation goes on that rail, so the
+    /// transmit scheduler skips the spreading (a ping-pong asks on every message).
+    pub(super) fn spreads(&self) -> bool {
+        self.rails.len() > 1
+    }
+
+    /// True when spreading lets `rail` take the next data frame: it has not carried its
+    /// share of a lone operation while another rail can take the rest, and the next small
+    /// operation among others is steered to it or to no rail in particular.
+    pub(super) fn spread_lets(&self, rail: usize) -> bool {
+        !self.spreads()
+            || (!self.leaves_lone_share(rail) && self.small_op_rail().is_none_or(|r| r == rail))
+    }
+
     /// The operation that alone has data left to send, as (is a read response, seq, total).
     pub(super) fn lone_op(&self) -> Option<(bool, u64, u64)> {
         match (self.tx_resp.len(), self.tx_req.len()) {

@@ -145,8 +145,7 @@ impl Session {
             && ((self.retx_waiting(rail) && self.data_allowed(rail))
                 || ((!self.tx_req.is_empty() || !self.tx_resp.is_empty())
                     && self.data_allowed(rail)
-                    && !self.leaves_lone_share(rail)
-                    && self.small_op_rail().is_none_or(|r| r == rail)))
+                    && self.spread_lets(rail)))
     }
 
     /// The next frame to write on `rail`, if any. The driver writes it completely (in as many
@@ -174,17 +173,19 @@ impl Session {
                 frame
             } else if (!self.tx_req.is_empty() || !self.tx_resp.is_empty())
                 && self.data_allowed(rail)
-                && !self.leaves_lone_share(rail)
-                && self.small_op_rail().is_none_or(|r| r == rail)
+                && self.spread_lets(rail)
             {
-                if self.next_data_is_concurrent_small_op() {
+                let spreads = self.spreads();
+                if spreads && self.next_data_is_concurrent_small_op() {
                     self.small_rr = (rail + 1) % self.rails.len();
                 }
                 let resp_first = self.prefer_resp || self.tx_req.is_empty();
                 self.prefer_resp = !self.prefer_resp;
-                let lone = self.lone_op();
+                let lone = self.lone_op().filter(|_| spreads);
                 // A rail past its share goes on only when no other rail can take the rest.
-                let share = self.lone_share_left(rail).filter(|&left| left > 0);
+                let share = lone
+                    .and_then(|_| self.lone_share_left(rail))
+                    .filter(|&left| left > 0);
                 let chunk = self.chunk_for(rail).min(share.unwrap_or(u64::MAX));
                 let frame = if resp_first && !self.tx_resp.is_empty() {
                     self.next_response_chunk(chunk)
