@@ -10,7 +10,7 @@ use crate::wire::sgl::{MAX_REMOTE_SGE, WireSge};
 use crate::wire::{Opcode, WireStatus};
 
 use super::transmit::ReqCursor;
-use super::types::{PostError, Request};
+use super::types::{PostError, Request, SgeList};
 use super::{PostedRecv, Session};
 
 /// An operation posted here and not yet completed.
@@ -19,7 +19,7 @@ pub(super) struct OutOp {
     pub(super) wr_id: u64,
     pub(super) kind: CompletionKind,
     pub(super) opcode: Opcode,
-    pub(super) local: Arc<[Sge]>,
+    pub(super) local: SgeList,
     pub(super) rkey: u64,
     pub(super) addr: u64,
     pub(super) arg0: u64,
@@ -170,8 +170,7 @@ impl Session {
             wr_id,
             kind: CompletionKind::Write,
             opcode: Opcode::Write,
-            // Empty: no allocation (`Arc::from([])` would allocate).
-            local: Arc::default(),
+            local: SgeList::default(),
             rkey: 0,
             addr: 0,
             arg0: 0,

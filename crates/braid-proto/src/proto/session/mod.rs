@@ -52,6 +52,7 @@ mod testkit;
 pub use crate::mem::region::Pieces;
 pub use config::SessionConfig;
 pub use hedge::HedgeStats;
+use types::SgeList;
 pub use types::{Placement, PostError, ProtocolError, Request, RxAction, Transmit};
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -404,7 +405,7 @@ fn sgl_pieces<T>(
 /// A receive posted here, waiting for the peer's send or write with immediate.
 struct PostedRecv {
     wr_id: u64,
-    local: Arc<[Sge]>,
+    local: SgeList,
     capacity: u64,
 }
 

@@ -174,11 +174,51 @@ pub enum Request {
     },
 }
 
+/// The local pieces of an operation or a posted receive. One piece (almost every
+/// operation) is held inline, so that posting, and keeping the memory alive for each of the
+/// operation's frames, allocates nothing; several are shared.
+#[derive(Clone)]
+pub(super) enum SgeList {
+    One(Sge),
+    Many(Arc<[Sge]>),
+}
+
+impl Default for SgeList {
+    fn default() -> SgeList {
+        // An empty `Arc<[T]>` from `default` allocates nothing.
+        SgeList::Many(Arc::default())
+    }
+}
+
+impl From<Vec<Sge>> for SgeList {
+    fn from(mut v: Vec<Sge>) -> SgeList {
+        match v.pop() {
+            Some(one) if v.is_empty() => SgeList::One(one),
+            Some(last) => {
+                v.push(last);
+                SgeList::Many(v.into())
+            }
+            None => SgeList::default(),
+        }
+    }
+}
+
+impl std::ops::Deref for SgeList {
+    type Target = [Sge];
+
+    fn deref(&self) -> &[Sge] {
+        match self {
+            SgeList::One(sge) => std::slice::from_ref(sge),
+            SgeList::Many(list) => list,
+        }
+    }
+}
+
 /// Memory the driver must keep alive while it writes a frame's payload.
 #[derive(Clone)]
 #[allow(dead_code)] // held only for its Drop
 pub(super) enum Keep {
-    Regions(Arc<[Sge]>),
+    Regions(SgeList),
     Pin(RegionPin),
     Spans(Arc<Spans>),
     Staging(Arc<StagingBuf>),
@@ -262,4 +302,28 @@ pub enum RxAction {
     /// Not executable yet: keep the header, stop reading this rail, and offer the same
     /// header again when [`Session::take_rx_retry`](super::Session::take_rx_retry) names the rail.
     Stall,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::SessionConfig;
+    use super::super::testkit::Pair;
+    use super::SgeList;
+
+    /// A list keeps its pieces and their order whatever its length; one piece is inline.
+    #[test]
+    fn an_sge_list_keeps_its_pieces_in_order() {
+        let p = Pair::new(SessionConfig::default(), 1);
+        let r = p.region(0, 100, 0);
+        let piece = |off, len| r.slice(off, len).expect("slice");
+        assert!(SgeList::from(Vec::new()).is_empty());
+        let one = SgeList::from(vec![piece(10, 5)]);
+        assert!(matches!(one, SgeList::One(_)));
+        assert_eq!((one[0].offset, one[0].len), (10, 5));
+        let many = SgeList::from(vec![piece(0, 1), piece(20, 2), piece(40, 3)]);
+        assert!(matches!(many, SgeList::Many(_)));
+        let got: Vec<_> = many.iter().map(|s| (s.offset, s.len)).collect();
+        assert_eq!(got, [(0, 1), (20, 2), (40, 3)]);
+        assert_eq!(many.clone().len(), 3);
+    }
 }

@@ -386,13 +386,22 @@ impl ShmLink {
                 .copy(pos + INLINE_HDR as u64, src as *mut u8, len, true, fragile)
         };
         if got > 0 {
-            let mut h = [0u8; INLINE_HDR];
-            h[0] = INLINE;
-            h[4..8].copy_from_slice(&(got as u32).to_le_bytes());
             // SAFETY: the header's eight bytes at `pos`.
-            unsafe { self.tx.copy(pos, h.as_mut_ptr(), INLINE_HDR, true, false) };
+            unsafe { self.set_inline_len(pos, got) };
         }
         got
+    }
+
+    /// Writes the header of an inline record of `len` bytes at `pos`.
+    ///
+    /// SAFETY: the eight bytes at `pos` are free space of the transmit ring (not yet
+    /// published).
+    unsafe fn set_inline_len(&self, pos: u64, len: usize) {
+        let mut h = [0u8; INLINE_HDR];
+        h[0] = INLINE;
+        h[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+        // SAFETY: the caller's contract.
+        unsafe { self.tx.copy(pos, h.as_mut_ptr(), INLINE_HDR, true, false) };
     }
 }
 
@@ -458,6 +467,10 @@ impl Transport for ShmLink {
         }
         let end = head + room;
         let (mut pos, mut sent) = (head, 0usize);
+        // The inline record the previous piece went into, as (its header's place, its
+        // length): the next inline piece extends it, so that a batch of small frames (a
+        // `Done`, a request header, its payload) is one record for the reader to take.
+        let mut open: Option<(u64, usize)> = None;
         for (i, p, off, len) in runs_indexed(pieces, skip) {
             // SAFETY: `off < len` of the caller's piece.
             let src = unsafe { p.add(off) };
@@ -481,7 +494,31 @@ impl Transport for ShmLink {
                 unsafe { self.tx.copy(pos, h.as_mut_ptr(), REF_HDR, true, false) };
                 pos += REF_HDR as u64;
                 sent += len;
+                open = None;
                 if len < whole {
+                    break;
+                }
+                continue;
+            }
+            if let Some((at, so_far)) = open.filter(|_| !fragile) {
+                // Only memory that cannot fault is appended: a short copy would leave the
+                // record's length ahead of its bytes.
+                let take = len
+                    .min((end - pos) as usize)
+                    .min(u32::MAX as usize - so_far);
+                if take == 0 {
+                    break;
+                }
+                // SAFETY: the piece is valid for `off + len` bytes (the caller's contract);
+                // `take` bytes fit the free space at `pos`, which follows the record.
+                unsafe { self.tx.copy(pos, src as *mut u8, take, true, false) };
+                let so_far = so_far + take;
+                // SAFETY: the length field of the record's header, written before.
+                unsafe { self.set_inline_len(at, so_far) };
+                open = Some((at, so_far));
+                pos += take as u64;
+                sent += take;
+                if take < len {
                     break;
                 }
                 continue;
@@ -496,6 +533,7 @@ impl Transport for ShmLink {
             // `take` fits the free space after the header.
             let got = unsafe { self.put_inline(pos, src, take, fragile) };
             if got > 0 {
+                open = Some((pos, got));
                 pos += (INLINE_HDR + got) as u64;
                 sent += got;
             }

@@ -109,6 +109,28 @@ fn bytes_come_out_in_order_across_wrap_around_and_a_full_ring_pushes_back() {
     );
 }
 
+/// A batch of small frames (a `Done`, a request's header, its payload) is one record: the
+/// reader takes one record header per batch, not one per piece.
+#[test]
+fn small_pieces_of_one_send_share_one_inline_record() {
+    let (a, b) = pair(SMALL);
+    let data: Vec<u8> = (0..136u32).map(|i| (i * 3) as u8).collect();
+    let pieces = [
+        (data.as_ptr(), 64),
+        (data[64..].as_ptr(), 64),
+        (data[128..].as_ptr(), 8),
+    ];
+    assert_eq!(a.send(&pieces, 0, false, &[]).expect("send"), 136);
+    assert_eq!(a.txc.lock().head, (INLINE_HDR + 136) as u64, "one header");
+    // Part of the first piece already went: the rest still makes one record.
+    assert_eq!(a.send(&pieces, 10, false, &[]).expect("send"), 126);
+    assert_eq!(a.txc.lock().head, (2 * INLINE_HDR + 136 + 126) as u64);
+    let mut got = [0u8; 262];
+    assert_eq!(b.recv(&mut got).expect("recv"), 262);
+    assert_eq!(&got[..136], &data[..]);
+    assert_eq!(&got[136..], &data[10..]);
+}
+
 #[test]
 fn received_pieces_fill_in_order_then_the_tail() {
     let (a, b) = pair(SMALL);
