@@ -468,7 +468,7 @@ impl Endpoint {
         self.shared.recv_cq.reserve()?;
         let kick = {
             let mut s = self.shared.session.lock();
-            if let Err(e) = s.post_recv(wr_id, local.to_vec()) {
+            if let Err(e) = s.post_recv(wr_id, local) {
                 drop(s);
                 self.shared.recv_cq.unreserve();
                 return Err(post_error(&self.shared, e));

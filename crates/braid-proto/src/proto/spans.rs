@@ -44,6 +44,39 @@ impl Spans {
         })
     }
 
+    /// One piece, in the allocation of `spare` when it is a finished operation's spans
+    /// that nothing else holds (see [`Spans::release`]): a small write then allocates
+    /// nothing at its target.
+    pub(crate) fn single_in(
+        spare: Option<Arc<Spans>>,
+        pin: RegionPin,
+        addr: u64,
+        len: u64,
+    ) -> Arc<Spans> {
+        if let Some(mut reused) = spare
+            && let Some(s) = Arc::get_mut(&mut reused)
+        {
+            s.fragile = pin.is_file();
+            s.pins.clear();
+            s.pins.push(pin);
+            s.list.clear();
+            s.list.push(Span { pin: 0, addr, len });
+            s.total = len;
+            return reused;
+        }
+        Spans::single(pin, addr, len)
+    }
+
+    /// The spans of a finished operation, emptied (its regions unpinned) for
+    /// [`Spans::single_in`] to reuse; `None` when another holder still has them.
+    pub(crate) fn release(mut spans: Arc<Spans>) -> Option<Arc<Spans>> {
+        let s = Arc::get_mut(&mut spans)?;
+        s.pins.clear();
+        s.list.clear();
+        s.total = 0;
+        Some(spans)
+    }
+
     /// Checks every entry (key, rights, range, file end) before any byte moves; the first
     /// failure fails the whole operation.
     pub(crate) fn check(
@@ -171,4 +204,40 @@ pub(crate) struct Trailer {
     /// Every chunk has been handed out.
     pub(crate) assigned: bool,
     pub(crate) status: WireStatus,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::Spans;
+    use crate::mem::access::Access;
+    use crate::mem::region::{Region, RegionOptions};
+    use crate::mem::registry::Registry;
+
+    /// A finished write's spans are reused for the next one, and unpin their region when
+    /// released: the region can be deregistered while they wait for reuse.
+    #[test]
+    fn released_spans_are_reused_and_pin_nothing() {
+        let reg = Arc::new(Registry::default());
+        let opts = RegionOptions::default();
+        let a = Region::allocate(&reg, 4096, Access::all(), opts).unwrap();
+        let b = Region::allocate(&reg, 4096, Access::all(), opts).unwrap();
+        let pin = |r: &Region| reg.lookup(r.remote_key().key).unwrap();
+        let first = Spans::single_in(None, pin(&a), 100, 8);
+        let at = Arc::as_ptr(&first);
+        let shared = first.clone();
+        assert!(Spans::release(first).is_none(), "still held elsewhere");
+        let spare = Spans::release(shared).expect("the last holder");
+        assert_eq!(spare.total(), 0);
+        a.deregister(Duration::from_secs(1))
+            .map_err(|(_, e)| e)
+            .expect("a released spans pins nothing");
+        let second = Spans::single_in(Some(spare), pin(&b), 8, 16);
+        assert_eq!(Arc::as_ptr(&second), at, "the same allocation");
+        assert_eq!(second.total(), 16);
+        let (p, l) = second.pieces(0, 16)[0];
+        assert_eq!((p as usize, l), (b.slice(8, 16).unwrap().ptr() as usize, 16));
+    }
 }

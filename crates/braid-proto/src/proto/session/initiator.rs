@@ -318,8 +318,10 @@ impl Session {
         Ok(seq)
     }
 
-    /// Posts a receive buffer for the peer's next send (or write-with-immediate).
-    pub fn post_recv(&mut self, wr_id: u64, local: Vec<Sge>) -> Result<(), PostError> {
+    /// Posts a receive buffer for the peer's next send (or write-with-immediate). The
+    /// pieces are taken by reference: one piece is kept without an allocation.
+    pub fn post_recv(&mut self, wr_id: u64, local: impl AsRef<[Sge]>) -> Result<(), PostError> {
+        let local = local.as_ref();
         if self.failed.is_some() {
             return Err(PostError::Closed);
         }
@@ -335,10 +337,10 @@ impl Session {
         {
             return Err(PostError::MissingRight("LOCAL_WRITE"));
         }
-        let capacity = sgl_len(&local);
+        let capacity = sgl_len(local);
         self.recvs.push_back(PostedRecv {
             wr_id,
-            local: local.into(),
+            local: SgeList::from(local),
             capacity,
         });
         // A rail, or a staged send, may be waiting for a receive.

@@ -128,6 +128,9 @@ pub struct Session {
     staged: BTreeMap<u64, VecDeque<Staged>>,
     /// Writes placed (in part) ahead of their turn, by sequence number.
     early: BTreeMap<u64, EarlyOp>,
+    /// The emptied spans of the last finished write, for the next one to fill (see
+    /// `Spans::single_in`).
+    spare_spans: Option<Arc<Spans>>,
     /// Chunks placed ahead of their turn so far (statistics).
     early_chunks: u64,
     staged_bytes: u64,
@@ -196,6 +199,7 @@ impl Session {
             down_unheard: 0,
             staged: BTreeMap::new(),
             early: BTreeMap::new(),
+            spare_spans: None,
             early_chunks: 0,
             staged_bytes: 0,
             retx_seen: HashSet::new(),

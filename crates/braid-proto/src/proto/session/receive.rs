@@ -307,8 +307,10 @@ impl Session {
     /// discarded) completely. With payload CRCs, a mismatch is an error and the operation
     /// does not complete.
     pub fn payload_done(&mut self, rail: usize) -> Result<(), ProtocolError> {
-        // Released when this call returns: the driver is done with the placement.
-        let _keep = self.rails[rail].rx_keep.take();
+        // Released before the operation may finish below (which can then reuse its spans):
+        // the driver is done with the placement, and a CRC check reads memory the
+        // operation in progress still pins.
+        let keep = self.rails[rail].rx_keep.take();
         if !self.rails[rail].alive {
             return Err(ProtocolError::RailGone);
         }
@@ -368,6 +370,7 @@ impl Session {
                 Some(_) => {}
             }
         }
+        drop(keep);
         match p {
             RxPending::Request { len } => {
                 self.consumed(rail, len as u64);

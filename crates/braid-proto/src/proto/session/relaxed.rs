@@ -139,7 +139,10 @@ impl Session {
                     .registry
                     .check(h.rkey, h.addr, h.arg0, Access::REMOTE_WRITE)
                 {
-                    Ok(pin) => (WireStatus::Ok, Some(Spans::single(pin, h.addr, h.arg0))),
+                    Ok(pin) => {
+                        let spans = Spans::single_in(self.spare_spans.take(), pin, h.addr, h.arg0);
+                        (WireStatus::Ok, Some(spans))
+                    }
                     Err(st) => (st, None),
                 };
             self.early.insert(

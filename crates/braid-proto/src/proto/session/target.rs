@@ -206,7 +206,7 @@ impl Session {
                     .check(h.rkey, h.addr, h.arg0, Access::REMOTE_WRITE)
                 {
                     Ok(pin) => {
-                        let dest = Spans::single(pin, h.addr, h.arg0);
+                        let dest = Spans::single_in(self.spare_spans.take(), pin, h.addr, h.arg0);
                         if !self.reads_active.is_empty() && self.read_conflict(&dest.ranges()) {
                             return Ok(RxAction::Stall);
                         }
@@ -287,6 +287,12 @@ impl Session {
     /// Executes what became due: writes placed ahead, vectored requests whose descriptor
     /// arrived, and requests staged after a rail loss.
     pub(super) fn run_due(&mut self) {
+        if self.early.is_empty() && self.desc.is_none() && self.staged.is_empty() {
+            // Nothing placed ahead, described or staged (every request of a ping-pong comes
+            // here twice): all that could be due is the end of a recovery.
+            self.end_recovery();
+            return;
+        }
         loop {
             let before = (self.frontier, self.cur.is_some(), self.desc.is_some());
             self.apply_early();
@@ -454,6 +460,9 @@ impl Session {
                     endpoint: self.endpoint_id,
                 });
             }
+        }
+        if let Some(Dest::Region(spans)) = op.dest {
+            self.spare_spans = Spans::release(spans).or(self.spare_spans.take());
         }
         self.queue_done(rail, op.seq, op.status);
         self.advance_frontier();

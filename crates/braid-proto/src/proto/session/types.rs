@@ -203,6 +203,16 @@ impl From<Vec<Sge>> for SgeList {
     }
 }
 
+impl From<&[Sge]> for SgeList {
+    fn from(list: &[Sge]) -> SgeList {
+        match list {
+            [] => SgeList::default(),
+            [one] => SgeList::One(one.clone()),
+            _ => SgeList::Many(list.into()),
+        }
+    }
+}
+
 impl std::ops::Deref for SgeList {
     type Target = [Sge];
 
@@ -325,5 +335,8 @@ mod tests {
         let got: Vec<_> = many.iter().map(|s| (s.offset, s.len)).collect();
         assert_eq!(got, [(0, 1), (20, 2), (40, 3)]);
         assert_eq!(many.clone().len(), 3);
+        let from_slice = SgeList::from(&[piece(7, 1)][..]);
+        assert!(matches!(from_slice, SgeList::One(_)));
+        assert_eq!(SgeList::from(&many[..]).len(), 3);
     }
 }
