@@ -1,6 +1,7 @@
 //! Completion queues: poll, wait with a timeout, or await.
 
 mod rails;
+mod spin;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -17,6 +18,7 @@ use braid_proto::error::{Completion, Error};
 
 pub use rails::ArmedQueue;
 use rails::RailSet;
+use spin::SpinPolicy;
 
 struct CqState {
     items: VecDeque<Completion>,
@@ -57,7 +59,7 @@ struct CqInner {
     reserved: AtomicUsize,
     /// Completions waiting; read without the lock by spinning waiters.
     len: AtomicUsize,
-    spin: Mutex<Duration>,
+    spin: Mutex<SpinPolicy>,
     /// The epoll set a waiting thread sleeps in (`None`: the set could not be made, or
     /// sleeping on the rails is turned off).
     rails: Option<Mutex<RailSet>>,
@@ -112,7 +114,7 @@ impl CompletionQueue {
                 capacity: capacity.max(1),
                 reserved: AtomicUsize::new(0),
                 len: AtomicUsize::new(0),
-                spin: Mutex::new(Duration::from_micros(20)),
+                spin: Mutex::new(SpinPolicy::new(Duration::from_micros(20))),
                 rails,
                 rails_waker,
                 sleep_on_rails: AtomicBool::new(true),
@@ -141,9 +143,12 @@ impl CompletionQueue {
     /// [`CompletionQueue::poll`]) before sleeping (default 20 µs): spinning saves a wake-up
     /// on latency-bound loops, sleeping saves CPU. A waiter woken by data that completed
     /// nothing in this queue (a peer's read or fetch-add, which the waiter serves) polls
-    /// the rails for as long again before it sleeps again; zero turns both spins off.
+    /// again before it sleeps again. The spin adapts: while sleeps end soon with data it
+    /// doubles, up to four times this setting, and it halves back to it when sleeps run
+    /// long (so two blocking peers do not each sleep just before the other's message comes,
+    /// paying a wake-up per message). Zero turns spinning off.
     pub fn set_spin(&self, spin: Duration) {
-        *self.inner.spin.lock() = spin;
+        *self.inner.spin.lock() = SpinPolicy::new(spin);
     }
 
     /// Whether a thread blocked in [`CompletionQueue::wait`] sleeps on the endpoints'
@@ -305,53 +310,34 @@ impl CompletionQueue {
 
     /// Waits up to `timeout` for a completion; `None` when none came.
     pub fn wait(&self, timeout: Duration) -> Option<Completion> {
-        let start = Instant::now();
-        let spin = (*self.inner.spin.lock()).min(timeout);
-        while start.elapsed() < spin {
-            if let Some(c) = self.poll() {
-                return Some(c);
-            }
-            std::hint::spin_loop();
-        }
-        let deadline = start + timeout;
-        if Instant::now() < deadline
-            && let Some(mut armed) = self.arm()
-        {
-            self.inner.waiter_armed.store(true, Ordering::SeqCst);
-            // Until when the rails are polled without sleeping: data that woke this thread
-            // but completed nothing here (a peer's read or fetch-add, served by this
-            // thread) is often followed by more within the spin, which a poll then takes
-            // without another wake-up.
-            let mut spin_until: Option<Instant> = None;
-            let got = loop {
-                if let Some(c) = self.pop_locked(&mut self.inner.state.lock()) {
-                    break Some(c);
-                }
-                std::sync::atomic::fence(Ordering::SeqCst);
-                let now = Instant::now();
-                let left = deadline.saturating_duration_since(now);
-                if left.is_zero() {
-                    break None;
-                }
-                if self.is_empty() {
-                    if spin_until.is_some_and(|t| now < t) {
-                        if armed.sleep(Duration::ZERO) {
-                            spin_until = Some(Instant::now() + spin);
-                        }
-                        std::hint::spin_loop();
-                    } else if armed.sleep(left) && !spin.is_zero() {
-                        spin_until = Some(Instant::now() + spin);
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Poll without arming the rails (a same-host peer then rings no doorbell per
+            // message), for the current spin.
+            let spin = self.inner.spin.lock().current();
+            if !spin.is_zero() {
+                let until = (Instant::now() + spin).min(deadline);
+                loop {
+                    if let Some(c) = self.poll() {
+                        return Some(c);
                     }
+                    if Instant::now() >= until {
+                        break;
+                    }
+                    std::hint::spin_loop();
                 }
-            };
-            self.inner.waiter_armed.store(false, Ordering::SeqCst);
-            drop(armed);
-            // Pushes while this thread was armed woke no other waiter: hand on what is left.
-            let st = self.inner.state.lock();
-            if !st.items.is_empty() && st.sleepers > 0 {
-                self.inner.ready.notify_one();
             }
-            return got;
+            if Instant::now() >= deadline {
+                break;
+            }
+            let Some(armed) = self.arm() else {
+                break;
+            };
+            match self.sleep_armed(armed, deadline) {
+                Slept::Got(c) => return Some(c),
+                Slept::TimedOut => return None,
+                Slept::Data => {}
+            }
         }
         for d in self.inner.drivers.lock().iter().filter_map(Weak::upgrade) {
             d.release();
@@ -370,10 +356,54 @@ impl CompletionQueue {
         }
     }
 
+    /// Sleeps on the armed rails until a completion, the deadline, or (with a spin
+    /// configured) data that completed nothing here: a peer's read or fetch-add, served
+    /// by this thread, is often followed by more, which the caller's next spin takes
+    /// without a wake-up.
+    fn sleep_armed(&self, mut armed: ArmedQueue<'_>, deadline: Instant) -> Slept {
+        self.inner.waiter_armed.store(true, Ordering::SeqCst);
+        let got = loop {
+            if let Some(c) = self.pop_locked(&mut self.inner.state.lock()) {
+                break Slept::Got(c);
+            }
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now);
+            if left.is_zero() {
+                break Slept::TimedOut;
+            }
+            if self.is_empty() {
+                let data = armed.sleep(left);
+                let slept = now.elapsed();
+                let mut spin = self.inner.spin.lock();
+                spin.after_sleep(slept, slept < left);
+                if data && !spin.base().is_zero() && self.is_empty() {
+                    break Slept::Data;
+                }
+            }
+        };
+        self.inner.waiter_armed.store(false, Ordering::SeqCst);
+        drop(armed);
+        // Pushes while this thread was armed woke no other waiter: hand on what is left.
+        let st = self.inner.state.lock();
+        if !st.items.is_empty() && st.sleepers > 0 {
+            self.inner.ready.notify_one();
+        }
+        got
+    }
+
     /// A future resolving to the next completion; works with any async runtime.
     pub fn next(&self) -> NextCompletion<'_> {
         NextCompletion { cq: self }
     }
+}
+
+/// How a sleep on the armed rails ended.
+enum Slept {
+    Got(Completion),
+    TimedOut,
+    /// Data arrived that completed nothing here.
+    Data,
 }
 
 /// Future returned by [`CompletionQueue::next`].

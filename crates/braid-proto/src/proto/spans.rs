@@ -238,6 +238,9 @@ mod tests {
         assert_eq!(Arc::as_ptr(&second), at, "the same allocation");
         assert_eq!(second.total(), 16);
         let (p, l) = second.pieces(0, 16)[0];
-        assert_eq!((p as usize, l), (b.slice(8, 16).unwrap().ptr() as usize, 16));
+        assert_eq!(
+            (p as usize, l),
+            (b.slice(8, 16).unwrap().ptr() as usize, 16)
+        );
     }
 }
