@@ -74,6 +74,10 @@ pub(crate) struct RailIo {
     /// session then may have nothing for this rail (all handed out, or its window full),
     /// so the writable edge must resume the rail on this flag alone.
     tx_blocked: AtomicBool,
+    /// A thread found this rail's transmit lock held and left its frames to the holder,
+    /// which looks at the session again before it returns (see
+    /// [`EndpointShared::flush_rail`]).
+    tx_wanted: AtomicBool,
     /// The engine has left this rail's reads to a polling thread (see
     /// [`EndpointShared::polled_inline`]).
     muted: AtomicBool,
@@ -90,6 +94,7 @@ impl RailIo {
         RailIo {
             fd: AtomicI32::new(link.readiness_fd()),
             tx_blocked: AtomicBool::new(false),
+            tx_wanted: AtomicBool::new(false),
             muted: AtomicBool::new(false),
             link_gen: AtomicU64::new(next_link_id()),
             rx: Mutex::new(RxCore::new(link.clone())),

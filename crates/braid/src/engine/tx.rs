@@ -88,14 +88,51 @@ pub(super) enum Flush {
 }
 
 impl EndpointShared {
-    /// Writes frames on `rail` until none is left or the socket is full.
+    /// Writes frames on `rail` until none is left or the socket is full, waiting for the
+    /// rail's transmit lock if another thread holds it.
     pub(super) fn flush_rail(&self, rail: usize) -> std::io::Result<Flush> {
+        let tx = self.rails[rail].tx.lock();
+        self.flush_held(rail, tx)
+    }
+
+    /// As [`EndpointShared::flush_rail`], unless another thread is writing the rail: that
+    /// thread then sends this caller's frames too, and this one returns `None` at once.
+    /// Threads that flush every rail in turn so write different rails side by side, instead
+    /// of queueing behind the one in a long send.
+    fn try_flush_rail(&self, rail: usize) -> Option<std::io::Result<Flush>> {
         let io = &self.rails[rail];
-        let mut tx = io.tx.lock();
-        let r = self.flush_locked(rail, &mut tx);
-        io.tx_blocked
-            .store(matches!(r, Ok(Flush::Blocked)), Ordering::Release);
-        r
+        io.tx_wanted.store(true, Ordering::SeqCst);
+        let tx = io.tx.try_lock()?;
+        Some(self.flush_held(rail, tx))
+    }
+
+    /// Flushes with the transmit lock held, and again after letting it go while a thread
+    /// that found it held left frames behind (bounded: past that the engine goes on).
+    fn flush_held<'a>(
+        &'a self,
+        rail: usize,
+        mut tx: parking_lot::MutexGuard<'a, TxState>,
+    ) -> std::io::Result<Flush> {
+        let io = &self.rails[rail];
+        for _ in 0..FLUSH_PASSES {
+            io.tx_wanted.store(false, Ordering::SeqCst);
+            let r = self.flush_locked(rail, &mut tx);
+            io.tx_blocked
+                .store(matches!(r, Ok(Flush::Blocked)), Ordering::Release);
+            drop(tx);
+            // A thread that skipped this rail stored `tx_wanted` before it tried the lock:
+            // either it saw the lock free and flushed itself, or it is seen here.
+            if !matches!(r, Ok(Flush::Idle)) || !io.tx_wanted.load(Ordering::SeqCst) {
+                return r;
+            }
+            match io.tx.try_lock() {
+                Some(t) => tx = t,
+                // The thread that took it looks again itself.
+                None => return r,
+            }
+        }
+        self.kicker.kick(self.id);
+        Ok(Flush::Idle)
     }
 
     fn flush_locked(&self, rail: usize, tx: &mut TxState) -> std::io::Result<Flush> {
@@ -214,6 +251,8 @@ impl EndpointShared {
         let single = self.rails.len() == 1;
         for _ in 0..FLUSH_PASSES {
             let mut again = false;
+            // Rails another thread is writing: it takes their frames, not this pass.
+            let mut busy = 0u64;
             for rail in 0..self.rails.len() {
                 if !single
                     && !self.rails[rail].tx_blocked.load(Ordering::Acquire)
@@ -221,10 +260,11 @@ impl EndpointShared {
                 {
                     continue;
                 }
-                match self.flush_rail(rail) {
-                    Ok(Flush::Idle) => again = true,
-                    Ok(Flush::Blocked) => {}
-                    Err(e) => {
+                match self.try_flush_rail(rail) {
+                    Some(Ok(Flush::Idle)) => again = true,
+                    Some(Ok(Flush::Blocked)) => {}
+                    None => busy |= 1 << rail,
+                    Some(Err(e)) => {
                         self.fail_rail(rail, &format!("send failed: {e}"));
                         return false;
                     }
@@ -233,7 +273,9 @@ impl EndpointShared {
             let more = again && !single && {
                 let s = self.session.lock();
                 (0..self.rails.len()).any(|r| {
-                    !self.rails[r].tx_blocked.load(Ordering::Acquire) && s.wants_transmit(r)
+                    busy & (1 << r) == 0
+                        && !self.rails[r].tx_blocked.load(Ordering::Acquire)
+                        && s.wants_transmit(r)
                 })
             };
             if !more {
