@@ -274,7 +274,12 @@ fn large_writes_posted_from_several_threads_all_arrive() {
                 for slot in t * PER..(t + 1) * PER {
                     let piece = src.slice(slot * SIZE, SIZE).unwrap();
                     loop {
-                        match ep.write(slot as u64, &[piece.clone()], key, (slot * SIZE) as u64) {
+                        match ep.write(
+                            slot as u64,
+                            std::slice::from_ref(&piece),
+                            key,
+                            (slot * SIZE) as u64,
+                        ) {
                             Ok(()) => break,
                             Err(braid::Error::QueueFull { .. }) => std::thread::yield_now(),
                             Err(err) => panic!("{err}"),
