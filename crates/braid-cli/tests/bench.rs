@@ -167,10 +167,31 @@ fn write_verify_four_rails_odd_size() {
     check_bw_row(&rs[0], 1_000_003);
     assert_eq!(rs[0]["verified"].as_bool(), Some(true), "{}", rs[0]);
     assert_eq!(rs[0]["rails"].as_u64(), Some(4));
+    assert_eq!(
+        rs[0]["slots"].as_u64(),
+        Some(4),
+        "one slot per operation in flight"
+    );
     let per_rail = rs[0]["rail_bytes"].as_array().unwrap();
     assert_eq!(per_rail.len(), 4);
     let total: u64 = per_rail.iter().map(|b| b.as_u64().unwrap()).sum();
     assert!(total >= 40 * 1_000_003, "rail bytes {per_rail:?}");
+}
+
+/// `--slots 1`: every write from and to one buffer (as ib_write_bw), still verified (the
+/// client then waits for each write before it rewrites the slot).
+#[test]
+fn write_one_slot_verified() {
+    let run = bench(
+        2,
+        &[
+            "write", "-s", "256K", "-n", "100", "--slots", "1", "--verify",
+        ],
+    );
+    let rs = results(&run);
+    check_bw_row(&rs[0], 262_144);
+    assert_eq!(rs[0]["slots"].as_u64(), Some(1), "{}", rs[0]);
+    assert_eq!(rs[0]["verified"].as_bool(), Some(true), "{}", rs[0]);
 }
 
 #[test]

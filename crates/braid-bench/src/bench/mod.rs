@@ -211,6 +211,12 @@ pub struct ClientArgs {
     /// complete silently, as verbs work requests without `IBV_SEND_SIGNALED`).
     #[arg(long)]
     pub post_list: Option<usize>,
+    /// Bandwidth tests: message-size buffer slots on each side. Default: one per operation
+    /// in flight (at most 64 MiB), so operations in flight use distinct memory. 1 reuses one
+    /// buffer for every operation, as `ib_write_bw` does and as iperf3 re-sends its one
+    /// 128 KiB buffer: the data then stays in the caches instead of streaming through DRAM.
+    #[arg(long)]
+    pub slots: Option<usize>,
 }
 
 /// The striping window of each rail (`SessionConfig`): a rail takes the next chunk while its
@@ -391,6 +397,9 @@ pub struct Setup {
     pub spin_us: Option<u64>,
     /// The client's region key (write-lat: where the server writes back).
     pub client_key: Option<Vec<u8>>,
+    /// Buffer slots asked for (`--slots`); `None`: one per operation in flight.
+    #[serde(default)]
+    pub slots: Option<usize>,
 }
 
 /// The server's answer to [`Setup`].

@@ -89,6 +89,9 @@ pub struct Row {
     pub rails: usize,
     /// Operations in flight.
     pub depth: usize,
+    /// Buffer slots of the message size on each side (`--slots`; latency tests: 1).
+    #[serde(default)]
+    pub slots: usize,
     /// Chunk size asked for (null: braid's default).
     pub chunk_size: Option<usize>,
     /// Client CPU seconds (user + system, whole process) over the loop.

@@ -158,6 +158,9 @@ fn validate(s: &Setup) -> Result<(), String> {
     if s.depth == 0 || s.depth > MAX_DEPTH {
         return Err(format!("depth {} outside 1 .. {MAX_DEPTH}", s.depth));
     }
+    if let Some(n) = s.slots.filter(|&n| n == 0 || n > MAX_DEPTH) {
+        return Err(format!("slots {n} outside 1 .. {MAX_DEPTH}"));
+    }
     if !(s.max_seconds > 0.0 && s.max_seconds <= 86_400.0 * 7.0) {
         return Err(format!("max_seconds {} out of range", s.max_seconds));
     }
@@ -239,7 +242,7 @@ fn run_test(
             } else if let Some((_, slots)) = &file {
                 (*slots, slots * s.size)
             } else {
-                let slots = slots_for(s.size, s.depth);
+                let slots = slots_for(s.size, s.slots.unwrap_or(s.depth));
                 (slots, slots * s.size)
             };
             let from_file = file.is_some();

@@ -10,8 +10,8 @@ use braid::{
 
 use crate::bench::output::Row;
 use crate::bench::{
-    Op, Peer, Progress, READ_SEED, check_status, cpu_seconds, rail_delta, region_matches,
-    slots_for, tcp, write_pattern,
+    Op, Peer, Progress, READ_SEED, check_status, cpu_seconds, rail_delta, region_matches, tcp,
+    write_pattern,
 };
 
 use super::{Plan, finish_test, merge_verify, per_gb, remote_key, setup_for, setup_test};
@@ -82,11 +82,7 @@ pub(super) fn run_bw(
     };
     let rslots = reply.slots.max(1) as u64;
     let fetch = op == Op::FetchAdd;
-    let lslots = if fetch {
-        1
-    } else {
-        slots_for(size, plan.depth_for(size))
-    };
+    let lslots = if fetch { 1 } else { plan.slots_for(size) };
     // With --verify or --rewrite a local slot is reused only after its previous operation
     // completed.
     let depth = if (plan.verify || plan.rewrite) && !fetch {
@@ -285,6 +281,7 @@ pub(super) fn run_bw(
         msg_rate_mpps: done as f64 / seconds / 1e6,
         rails: peer.ep.rail_count(),
         depth: depth as usize,
+        slots: lslots as usize,
         chunk_size: plan.chunk,
         client_cpu_s: client_cpu,
         server_cpu_s: report.cpu_s,

@@ -297,6 +297,7 @@ pub(super) fn lat_row(
         msg_rate_mpps: n as f64 / seconds / 1e6,
         rails: peer.ep.rail_count(),
         depth: 1,
+        slots: 1,
         chunk_size: plan.chunk,
         client_cpu_s: client_cpu,
         server_cpu_s: report.cpu_s,

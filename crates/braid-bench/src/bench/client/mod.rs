@@ -41,12 +41,19 @@ struct Plan {
     pieces: Option<usize>,
     /// `--post-list`: operations per list, the last one signaled.
     post_list: Option<usize>,
+    /// `--slots`: buffer slots on each side; `None`: one per operation in flight.
+    slots: Option<usize>,
 }
 
 impl Plan {
     /// Operations in flight for `size`-byte operations: `-q`, or bench's default.
     fn depth_for(&self, size: usize) -> usize {
         self.depth.unwrap_or_else(|| super::default_depth(size))
+    }
+
+    /// Buffer slots of `size` bytes on each side: `--slots`, or one per operation in flight.
+    fn slots_for(&self, size: usize) -> usize {
+        super::slots_for(size, self.slots.unwrap_or_else(|| self.depth_for(size)))
     }
 
     /// The plan of one of `rounds` rounds.
@@ -69,6 +76,7 @@ impl Plan {
             chunk: self.chunk,
             pieces: self.pieces,
             post_list: self.post_list,
+            slots: self.slots,
         }
     }
 }
@@ -120,7 +128,16 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
         chunk: a.chunk,
         pieces: a.pieces,
         post_list: a.post_list,
+        slots: a.slots,
     };
+    if let Some(n) = a.slots {
+        if op.is_lat() || op == Op::FetchAdd {
+            bail!("--slots applies to the write, read and send bandwidth tests");
+        }
+        if n == 0 || n > MAX_DEPTH {
+            bail!("--slots must be 1 .. {MAX_DEPTH}");
+        }
+    }
     if let Some(n) = a.post_list {
         if op.is_lat() || op == Op::FetchAdd {
             bail!("--post-list applies to the write, read and send bandwidth tests");
@@ -393,6 +410,7 @@ fn setup_for(op: Op, size: usize, plan: &Plan, wait_mode: bool) -> Setup {
         max_seconds: plan.max_seconds,
         spin_us: plan.spin_us,
         client_key: None,
+        slots: plan.slots,
     }
 }
 
