@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{Ordering, fence};
 use std::time::Instant;
 
 use braid_proto::Transmit;
@@ -98,10 +98,14 @@ impl EndpointShared {
     /// As [`EndpointShared::flush_rail`], unless another thread is writing the rail: that
     /// thread then sends this caller's frames too, and this one returns `None` at once.
     /// Threads that flush every rail in turn so write different rails side by side, instead
-    /// of queueing behind the one in a long send.
+    /// of queueing behind the one in a long send. Endpoints of several rails only: a lone
+    /// rail waits for its lock, and its holder need not look again (see `flush_held`).
     fn try_flush_rail(&self, rail: usize) -> Option<std::io::Result<Flush>> {
         let io = &self.rails[rail];
-        io.tx_wanted.store(true, Ordering::SeqCst);
+        io.tx_wanted.store(true, Ordering::Relaxed);
+        // Pairs with the holder's fence after it lets the lock go: either this sees the
+        // lock free, or the holder sees `tx_wanted`.
+        fence(Ordering::SeqCst);
         let tx = io.tx.try_lock()?;
         Some(self.flush_held(rail, tx))
     }
@@ -114,15 +118,22 @@ impl EndpointShared {
         mut tx: parking_lot::MutexGuard<'a, TxState>,
     ) -> std::io::Result<Flush> {
         let io = &self.rails[rail];
+        let skippable = self.rails.len() > 1;
         for _ in 0..FLUSH_PASSES {
-            io.tx_wanted.store(false, Ordering::SeqCst);
+            // Frames a skipping thread left are in the session before its flag: cleared
+            // here, before the session is asked, the flag can only mean newer ones.
+            if skippable && io.tx_wanted.load(Ordering::Relaxed) {
+                io.tx_wanted.store(false, Ordering::Relaxed);
+            }
             let r = self.flush_locked(rail, &mut tx);
             io.tx_blocked
                 .store(matches!(r, Ok(Flush::Blocked)), Ordering::Release);
             drop(tx);
-            // A thread that skipped this rail stored `tx_wanted` before it tried the lock:
-            // either it saw the lock free and flushed itself, or it is seen here.
-            if !matches!(r, Ok(Flush::Idle)) || !io.tx_wanted.load(Ordering::SeqCst) {
+            if !skippable || !matches!(r, Ok(Flush::Idle)) {
+                return r;
+            }
+            fence(Ordering::SeqCst);
+            if !io.tx_wanted.load(Ordering::Relaxed) {
                 return r;
             }
             match io.tx.try_lock() {
@@ -260,7 +271,12 @@ impl EndpointShared {
                 {
                     continue;
                 }
-                match self.try_flush_rail(rail) {
+                let flushed = if single {
+                    Some(self.flush_rail(rail))
+                } else {
+                    self.try_flush_rail(rail)
+                };
+                match flushed {
                     Some(Ok(Flush::Idle)) => again = true,
                     Some(Ok(Flush::Blocked)) => {}
                     None => busy |= 1 << rail,
