@@ -122,6 +122,80 @@ fn an_endpoint_runs_over_a_link_that_is_not_tcp() {
     assert!(cq_a.wait(wait).expect("the send completes").status.is_ok());
 }
 
+/// Posting while another thread is in the middle of a send on every rail: the post skips
+/// the held rails instead of waiting for them, leaves its frames to their holder (the
+/// rail's `tx_wanted` flag), and the holder's flush sends them.
+#[test]
+fn a_post_skips_rails_another_thread_is_writing_and_their_holder_sends_its_frames() {
+    let ctx = Context::new().expect("context");
+    let (cq_a, cq_b) = (ctx.create_cq(64), ctx.create_cq(64));
+    let none: SocketAddr = "0.0.0.0:0".parse().expect("address");
+    let (a0, b0) = unix_pair();
+    let (a1, b1) = unix_pair();
+    let addrs = vec![(none, none); 2];
+    let ea = ctx
+        .start_endpoint_on(
+            vec![a0, a1],
+            addrs.clone(),
+            &EndpointOptions::new(&cq_a),
+            true,
+            None,
+        )
+        .expect("endpoint a");
+    let _eb = ctx
+        .start_endpoint_on(
+            vec![b0, b1],
+            addrs,
+            &EndpointOptions::new(&cq_b),
+            true,
+            None,
+        )
+        .expect("endpoint b");
+    let src = ctx.alloc_region(4096, Access::all()).expect("source");
+    let dst = ctx.alloc_region(4096, Access::all()).expect("destination");
+    src.write_at(0, b"left to the holder").expect("fill");
+    let key = dst.remote_key();
+    let sent_before = ea.rail_bytes_sent();
+    let held: Vec<_> = (0..2).map(|r| ea.shared.hold_tx(r)).collect();
+    let (posted_tx, posted) = std::sync::mpsc::channel();
+    let held = std::thread::scope(|s| {
+        let (ea, src, key) = (&ea, &src, &key);
+        s.spawn(move || {
+            let r = ea.write(7, &[src.slice(0, 18).expect("sge")], key, 0);
+            let _ = posted_tx.send(r);
+        });
+        // A post that waits for a held lock returns only once the guards go: let them go
+        // before failing, so that the scope can end.
+        match posted.recv_timeout(Duration::from_secs(10)) {
+            Ok(r) => r.expect("post write"),
+            Err(_) => {
+                drop(held);
+                panic!("the post waited for a rail another thread was writing");
+            }
+        }
+        held
+    });
+    assert_eq!(
+        ea.rail_bytes_sent(),
+        sent_before,
+        "nothing was taken for a held rail"
+    );
+    assert!(
+        (0..2).any(|r| ea.shared.tx_wanted(r)),
+        "the post left its frames to a holder"
+    );
+    for h in held {
+        h.finish().expect("the holder's flush");
+    }
+    let c = cq_a
+        .wait(Duration::from_secs(20))
+        .expect("the write completes");
+    assert!(c.status.is_ok() && c.wr_id == 7, "{c:?}");
+    let mut got = [0u8; 18];
+    dst.read_at(0, &mut got).expect("read destination");
+    assert_eq!(&got, b"left to the holder");
+}
+
 #[test]
 fn engine_thread_counts_outside_the_bounds_are_refused_with_a_reason() {
     assert_eq!(parse_engine_threads(" 4\n").expect("4 threads"), 4);

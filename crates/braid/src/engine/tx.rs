@@ -305,6 +305,39 @@ impl EndpointShared {
     }
 }
 
+/// Test hook: a rail's transmit lock held as by a thread in the middle of a send.
+#[cfg(test)]
+pub(crate) struct HeldTx<'a> {
+    ep: &'a EndpointShared,
+    rail: usize,
+    tx: parking_lot::MutexGuard<'a, TxState>,
+}
+
+#[cfg(test)]
+impl EndpointShared {
+    /// Takes `rail`'s transmit lock until [`HeldTx::finish`].
+    pub(crate) fn hold_tx(&self, rail: usize) -> HeldTx<'_> {
+        HeldTx {
+            ep: self,
+            rail,
+            tx: self.rails[rail].tx.lock(),
+        }
+    }
+
+    /// A thread that found `rail`'s transmit lock held left its frames to the holder.
+    pub(crate) fn tx_wanted(&self, rail: usize) -> bool {
+        self.rails[rail].tx_wanted.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+impl HeldTx<'_> {
+    /// Ends the holder's send as a flush does: what the session has for the rail goes out.
+    pub(crate) fn finish(self) -> std::io::Result<()> {
+        self.ep.flush_held(self.rail, self.tx).map(|_| ())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
