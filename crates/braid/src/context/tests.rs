@@ -59,24 +59,38 @@ fn unix_pair() -> (Arc<dyn Transport>, Arc<dyn Transport>) {
     (Arc::new(UnixLink(a)), Arc::new(UnixLink(b)))
 }
 
+/// Two endpoints of `ctx` joined by two rails of Unix socket pairs.
+fn two_rail_pair(
+    ctx: &Context,
+    cq_a: &CompletionQueue,
+    cq_b: &CompletionQueue,
+) -> (Endpoint, Endpoint) {
+    let none: SocketAddr = "0.0.0.0:0".parse().expect("address");
+    let (a0, b0) = unix_pair();
+    let (a1, b1) = unix_pair();
+    let addrs = vec![(none, none); 2];
+    let ea = ctx
+        .start_endpoint_on(
+            vec![a0, a1],
+            addrs.clone(),
+            &EndpointOptions::new(cq_a),
+            true,
+            None,
+        )
+        .expect("endpoint a");
+    let eb = ctx
+        .start_endpoint_on(vec![b0, b1], addrs, &EndpointOptions::new(cq_b), true, None)
+        .expect("endpoint b");
+    (ea, eb)
+}
+
 #[test]
 fn an_endpoint_runs_over_a_link_that_is_not_tcp() {
     const LEN: usize = 3 << 20;
     let ctx = Context::new().expect("context");
     let (cq_a, cq_b) = (ctx.create_cq(64), ctx.create_cq(64));
-    let none: SocketAddr = "0.0.0.0:0".parse().expect("address");
     // Two rails, so a large write is striped over both links.
-    let (a0, b0) = unix_pair();
-    let (a1, b1) = unix_pair();
-    let addrs = vec![(none, none); 2];
-    let opts_a = EndpointOptions::new(&cq_a);
-    let opts_b = EndpointOptions::new(&cq_b);
-    let ea = ctx
-        .start_endpoint_on(vec![a0, a1], addrs.clone(), &opts_a, true, None)
-        .expect("endpoint a");
-    let eb = ctx
-        .start_endpoint_on(vec![b0, b1], addrs, &opts_b, true, None)
-        .expect("endpoint b");
+    let (ea, eb) = two_rail_pair(&ctx, &cq_a, &cq_b);
 
     let src = ctx.alloc_region(LEN, Access::all()).expect("source");
     let dst = ctx.alloc_region(LEN, Access::all()).expect("destination");
@@ -129,28 +143,7 @@ fn an_endpoint_runs_over_a_link_that_is_not_tcp() {
 fn a_post_skips_rails_another_thread_is_writing_and_their_holder_sends_its_frames() {
     let ctx = Context::new().expect("context");
     let (cq_a, cq_b) = (ctx.create_cq(64), ctx.create_cq(64));
-    let none: SocketAddr = "0.0.0.0:0".parse().expect("address");
-    let (a0, b0) = unix_pair();
-    let (a1, b1) = unix_pair();
-    let addrs = vec![(none, none); 2];
-    let ea = ctx
-        .start_endpoint_on(
-            vec![a0, a1],
-            addrs.clone(),
-            &EndpointOptions::new(&cq_a),
-            true,
-            None,
-        )
-        .expect("endpoint a");
-    let _eb = ctx
-        .start_endpoint_on(
-            vec![b0, b1],
-            addrs,
-            &EndpointOptions::new(&cq_b),
-            true,
-            None,
-        )
-        .expect("endpoint b");
+    let (ea, _eb) = two_rail_pair(&ctx, &cq_a, &cq_b);
     let src = ctx.alloc_region(4096, Access::all()).expect("source");
     let dst = ctx.alloc_region(4096, Access::all()).expect("destination");
     src.write_at(0, b"left to the holder").expect("fill");
