@@ -211,10 +211,12 @@ pub struct ClientArgs {
     /// complete silently, as verbs work requests without `IBV_SEND_SIGNALED`).
     #[arg(long)]
     pub post_list: Option<usize>,
-    /// Bandwidth tests: message-size buffer slots on each side. Default: one per operation
-    /// in flight (at most 64 MiB), so operations in flight use distinct memory. 1 reuses one
-    /// buffer for every operation, as `ib_write_bw` does and as iperf3 re-sends its one
-    /// 128 KiB buffer: the data then stays in the caches instead of streaming through DRAM.
+    /// Bandwidth tests: message-size buffer slots of the client's sources and of the
+    /// server's region (writes and reads; a send test's server keeps its ring of posted
+    /// receives). Default: one per operation in flight (at most 64 MiB), so operations in
+    /// flight use distinct memory. 1 reuses one buffer for every operation, as `ib_write_bw`
+    /// does and as iperf3 re-sends its one 128 KiB buffer: the data then stays in the caches
+    /// instead of streaming through DRAM.
     #[arg(long)]
     pub slots: Option<usize>,
 }

@@ -89,7 +89,7 @@ pub struct Row {
     pub rails: usize,
     /// Operations in flight.
     pub depth: usize,
-    /// Buffer slots of the message size on each side (`--slots`; latency tests: 1).
+    /// Message-size buffer slots of the client's sources (`--slots`; latency tests: 1).
     #[serde(default)]
     pub slots: usize,
     /// Chunk size asked for (null: braid's default).

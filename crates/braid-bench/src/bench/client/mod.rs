@@ -41,7 +41,8 @@ struct Plan {
     pieces: Option<usize>,
     /// `--post-list`: operations per list, the last one signaled.
     post_list: Option<usize>,
-    /// `--slots`: buffer slots on each side; `None`: one per operation in flight.
+    /// `--slots`: buffer slots of the sources (and of the server's region for writes and
+    /// reads); `None`: one per operation in flight.
     slots: Option<usize>,
 }
 
@@ -51,7 +52,7 @@ impl Plan {
         self.depth.unwrap_or_else(|| super::default_depth(size))
     }
 
-    /// Buffer slots of `size` bytes on each side: `--slots`, or one per operation in flight.
+    /// Buffer slots of `size` bytes: `--slots`, or one per operation in flight.
     fn slots_for(&self, size: usize) -> usize {
         super::slots_for(size, self.slots.unwrap_or_else(|| self.depth_for(size)))
     }
