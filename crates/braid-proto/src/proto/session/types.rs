@@ -192,13 +192,10 @@ impl Default for SgeList {
 
 impl From<Vec<Sge>> for SgeList {
     fn from(mut v: Vec<Sge>) -> SgeList {
-        match v.pop() {
-            Some(one) if v.is_empty() => SgeList::One(one),
-            Some(last) => {
-                v.push(last);
-                SgeList::Many(v.into())
-            }
-            None => SgeList::default(),
+        match v.len() {
+            0 => SgeList::default(),
+            1 => SgeList::One(v.pop().expect("one piece")),
+            _ => SgeList::Many(v.into()),
         }
     }
 }
