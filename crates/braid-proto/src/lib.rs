@@ -23,6 +23,7 @@ pub mod wire;
 pub use error::{Completion, CompletionKind, Error, Status};
 pub use mem::{Access, Region, RegionOptions, Registry, RemoteKey, RemoteSge, Sge};
 pub use proto::{
-    HedgeStats, Placement, PostError, ProtocolError, Request, RxAction, Session, SessionConfig,
-    Transmit, rate, session,
+    EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, HedgeStats, Placement, PostError,
+    PreparedWrite, ProtocolError, Request, RxAction, Session, SessionConfig, Transmit, rate,
+    session,
 };

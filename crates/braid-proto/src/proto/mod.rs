@@ -6,6 +6,6 @@ pub mod session;
 pub(crate) mod spans;
 
 pub use session::{
-    HedgeStats, Placement, PostError, ProtocolError, Request, RxAction, Session, SessionConfig,
-    Transmit,
+    EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, HedgeStats, Placement, PostError,
+    PreparedWrite, ProtocolError, Request, RxAction, Session, SessionConfig, Transmit,
 };

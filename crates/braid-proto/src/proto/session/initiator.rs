@@ -155,6 +155,18 @@ impl Session {
         req: Request,
         signaled: bool,
     ) -> Result<u64, PostError> {
+        let op = self.build_op(wr_id, req, signaled)?;
+        Ok(self.enqueue(op, true))
+    }
+
+    /// The operation [`Session::post_with`] would queue, checked, not queued yet (its
+    /// sequence number is the next one: queue it before anything else is posted).
+    pub(super) fn build_op(
+        &mut self,
+        wr_id: u64,
+        req: Request,
+        signaled: bool,
+    ) -> Result<OutOp, PostError> {
         if self.failed.is_some() {
             return Err(PostError::Closed);
         }
@@ -305,17 +317,27 @@ impl Session {
             op.bounds = bounds(&op.ranges);
             op.early = self.pending_writes.commutes(&op.ranges, op.bounds);
         }
+        Ok(op)
+    }
+
+    /// Queues an operation from [`Session::build_op`]; `send`: its frames are to be sent
+    /// (not for an express write, which went around them).
+    pub(super) fn enqueue(&mut self, op: OutOp, send: bool) -> u64 {
+        let seq = op.seq;
+        debug_assert_eq!(seq, self.next_seq, "built for the next sequence number");
         self.next_seq += 1;
         if self.cfg.relaxed_placement {
             self.pending_writes.add(seq, op.commuting_key(), &op.ranges);
         }
         self.ops.push_back(op);
-        self.tx_req.push_back(ReqCursor {
-            seq,
-            next_off: 0,
-            desc_sent: false,
-        });
-        Ok(seq)
+        if send {
+            self.tx_req.push_back(ReqCursor {
+                seq,
+                next_off: 0,
+                desc_sent: false,
+            });
+        }
+        seq
     }
 
     /// Posts a receive buffer for the peer's next send (or write-with-immediate). The

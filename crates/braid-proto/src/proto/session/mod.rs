@@ -32,6 +32,7 @@
 //! modifies them (or when they are resent), so a retransmitted response is exact.
 
 mod config;
+mod express;
 mod failover;
 mod hedge;
 mod initiator;
@@ -51,6 +52,7 @@ mod testkit;
 
 pub use crate::mem::region::Pieces;
 pub use config::SessionConfig;
+pub use express::{EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, PreparedWrite};
 pub use hedge::HedgeStats;
 use types::SgeList;
 pub use types::{Placement, PostError, ProtocolError, Request, RxAction, Transmit};
@@ -87,6 +89,9 @@ pub struct Session {
     rails: Vec<RailState>,
     next_seq: u64,
     ops: VecDeque<OutOp>,
+    /// Sequence numbers of the express writes in `ops` not answered yet, oldest first (see
+    /// `express`).
+    express: VecDeque<u64>,
     tx_req: VecDeque<ReqCursor>,
     tx_resp: VecDeque<RespCursor>,
     /// Alternates data frames between requests and responses.
@@ -175,6 +180,7 @@ impl Session {
             rails: (0..rails).map(|_| RailState::new()).collect(),
             next_seq: 0,
             ops: VecDeque::new(),
+            express: VecDeque::new(),
             tx_req: VecDeque::new(),
             tx_resp: VecDeque::new(),
             prefer_resp: false,

@@ -1,0 +1,242 @@
+//! Express writes: a small write (or write with immediate) that a driver carries around the
+//! session's frames, for a link that cannot lose or reorder anything and that can answer
+//! without a frame (braid's same-host ring: docs/PROTOCOL.md, "Express writes").
+//!
+//! An express write is an ordinary operation of the session: it takes the next sequence
+//! number, sits in the queue of outstanding operations and completes in order with the
+//! others. Only its carriage differs. The driver writes the request (header fields and
+//! payload) straight into the link instead of asking for frames; the target executes it as
+//! soon as the link hands it over ([`Session::on_express`]: the same checks of key,
+//! rights, range and generation as a `Write` frame) and answers with a status the driver
+//! carries back beside the stream, not a `Done` ([`Session::express_acked`]).
+//!
+//! Order. The link carries express requests and frames in one sequence, and the initiator
+//! sends an express write only when every operation outstanding is an express write
+//! ([`Session::prepare_express`]), so all the requests before it have executed at the target
+//! or lie before it in the link: the target meets it exactly at its turn (its sequence number
+//! is the target's frontier, which [`Session::on_express`] checks). Frames of requests
+//! posted later follow it in the link. At the initiator, completions stay in posting
+//! order whichever answer is read first: a later operation's `Done` only marks it done, and
+//! it leaves the queue behind the express write.
+//!
+//! Loss. Only an endpoint of one rail sends express writes. When that rail fails the
+//! session fails with it (no rail is left to fail over to), and every outstanding operation,
+//! express writes included, completes with [`Status::TransportError`](crate::Status).
+
+use smallvec::SmallVec;
+
+use crate::error::{Completion, CompletionKind, Status};
+use crate::mem::file::copy_maybe_fragile;
+use crate::mem::region::{Access, sgl_is_fragile, sgl_len};
+use crate::wire::{Opcode, WireStatus};
+
+use super::initiator::{OutOp, wire_status};
+use super::types::{PostError, ProtocolError, Request};
+use super::{Session, sgl_pieces};
+
+/// The largest payload an express write carries: beyond it a copy through the link costs
+/// more than the frames it saves.
+pub const EXPRESS_MAX: usize = 512;
+
+/// Most express writes outstanding at once (a driver keeps this many answers apart).
+pub const EXPRESS_WINDOW: usize = 64;
+
+/// What the target needs of an express write, besides its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpressRequest {
+    /// Its sequence number in the initiator's space.
+    pub seq: u64,
+    /// The target region's key.
+    pub rkey: u64,
+    /// Where in the region.
+    pub addr: u64,
+    /// The immediate, for a write with immediate (consumes a posted receive).
+    pub imm: Option<u32>,
+    /// Payload bytes (at most [`EXPRESS_MAX`]).
+    pub len: u32,
+}
+
+/// A write checked and numbered by [`Session::prepare_express`], to be queued with
+/// [`Session::post_prepared`] before anything else is posted.
+pub struct PreparedWrite {
+    op: OutOp,
+}
+
+impl PreparedWrite {
+    /// The request as the target needs it.
+    pub fn request(&self) -> ExpressRequest {
+        ExpressRequest {
+            seq: self.op.seq,
+            rkey: self.op.rkey,
+            addr: self.op.addr,
+            imm: self.op.imm,
+            len: self.op.total as u32,
+        }
+    }
+
+    /// The payload's pieces (plain memory: file-backed sources never go express).
+    pub fn pieces(&self) -> SmallVec<[(*const u8, usize); 2]> {
+        sgl_pieces(&self.op.local, 0, self.op.total, |p, l| (p as *const u8, l))
+            .into_iter()
+            .collect()
+    }
+}
+
+/// What the target did with an express write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpressAction {
+    /// Executed (or refused with the status): the answer to carry back.
+    Done(WireStatus),
+    /// Not executable yet (no receive posted for its immediate, or a read being answered
+    /// from the bytes it would overwrite): offer it again when the session asks the driver
+    /// to retry the rail, as for a stalled frame.
+    Stall,
+}
+
+impl Session {
+    /// Checks and numbers a write for the express path when it may take it now: one rail,
+    /// a payload of at most [`EXPRESS_MAX`] bytes of plain memory, and nothing outstanding
+    /// but express writes (fewer than [`EXPRESS_WINDOW`]). `Ok(Err(req))` hands the request
+    /// back for [`Session::post_with`]; errors are those of `post_with`.
+    pub fn prepare_express(
+        &mut self,
+        wr_id: u64,
+        req: Request,
+        signaled: bool,
+    ) -> Result<Result<PreparedWrite, Request>, PostError> {
+        let fits = match &req {
+            Request::Write { local, .. } => {
+                sgl_len(local) <= EXPRESS_MAX as u64 && !sgl_is_fragile(local)
+            }
+            _ => false,
+        };
+        if !fits
+            || self.failed.is_some()
+            || self.rails.len() != 1
+            || !self.rails[0].alive
+            || self.ops.len() != self.express.len()
+            || self.express.len() >= EXPRESS_WINDOW
+        {
+            return Ok(Err(req));
+        }
+        let op = self.build_op(wr_id, req, signaled)?;
+        Ok(Ok(PreparedWrite { op }))
+    }
+
+    /// Queues a prepared write: `express` when the driver has put it into the link, else
+    /// (the link had no room) as an ordinary operation whose frames follow.
+    pub fn post_prepared(&mut self, w: PreparedWrite, express: bool) -> u64 {
+        let seq = self.enqueue(w.op, !express);
+        if express {
+            self.express.push_back(seq);
+        }
+        seq
+    }
+
+    /// Express writes sent and not yet answered.
+    pub fn express_outstanding(&self) -> usize {
+        self.express.len()
+    }
+
+    /// The answer to the oldest unanswered express write.
+    pub fn express_acked(&mut self, st: WireStatus) -> Result<(), ProtocolError> {
+        let Some(seq) = self.express.pop_front() else {
+            return Err(ProtocolError::UnknownOperation {
+                opcode: Opcode::Done,
+                seq: u64::MAX,
+            });
+        };
+        // A failed session has completed it already.
+        if let Some(i) = self.op_index(seq) {
+            self.complete_out(i, wire_status(st), None);
+        }
+        Ok(())
+    }
+
+    /// Executes the peer's express write `r` that arrived on `rail`, with `payload` (its
+    /// `r.len` bytes): the checks of a `Write` frame, the bytes placed, and for a write with
+    /// immediate a receive consumed and completed. A request out of turn is a protocol
+    /// error (the peer sends express writes only at their turn).
+    pub fn on_express(
+        &mut self,
+        rail: usize,
+        r: &ExpressRequest,
+        payload: &[u8],
+    ) -> Result<ExpressAction, ProtocolError> {
+        if !self.rails[rail].alive {
+            return Err(ProtocolError::RailGone);
+        }
+        if payload.len() != r.len as usize || payload.len() > EXPRESS_MAX {
+            return Err(ProtocolError::Overrun {
+                seq: r.seq,
+                total: r.len.into(),
+            });
+        }
+        if self.failed.is_some() {
+            return Ok(ExpressAction::Done(WireStatus::RemoteAccess));
+        }
+        if r.seq != self.frontier
+            || self.cur.is_some()
+            || self.desc.is_some()
+            || !self.early.is_empty()
+            || !self.staged.is_empty()
+        {
+            return Err(ProtocolError::DuplicateRequest {
+                seq: r.seq,
+                frontier: self.frontier,
+            });
+        }
+        if r.imm.is_some() && self.recvs.is_empty() {
+            // As a write with immediate whose receiver is not ready: wait for a post_recv.
+            self.rails[rail].stalled = true;
+            return Ok(ExpressAction::Stall);
+        }
+        let len = r.len as u64;
+        let status = match self
+            .registry
+            .check(r.rkey, r.addr, len, Access::REMOTE_WRITE)
+        {
+            Ok(pin) => {
+                let p = pin.ptr_at(r.addr as usize);
+                if len > 0
+                    && !self.reads_active.is_empty()
+                    && self.read_conflict(&[(p as usize, p as usize + len as usize)])
+                {
+                    self.rails[rail].stalled = true;
+                    return Ok(ExpressAction::Stall);
+                }
+                // SAFETY: `len` bytes inside the pinned region (checked above); file pages
+                // are written with a system call.
+                let placed = unsafe {
+                    copy_maybe_fragile(payload.as_ptr(), p, payload.len(), pin.file().is_some())
+                };
+                if placed {
+                    WireStatus::Ok
+                } else {
+                    WireStatus::RemoteAccess
+                }
+            }
+            Err(st) => st,
+        };
+        // A write with immediate that failed consumes no receive (as a `Write` frame).
+        if let (Some(imm), WireStatus::Ok) = (r.imm, status) {
+            let recv = self.recvs.pop_front().expect("checked non-empty");
+            self.completions.push_back(Completion {
+                wr_id: recv.wr_id,
+                kind: CompletionKind::RecvWriteImm,
+                status: Status::Success,
+                byte_len: len,
+                imm: Some(imm),
+                value: None,
+                endpoint: self.endpoint_id,
+            });
+        }
+        // Retries whatever waited for this turn, then the rail moves past its request.
+        self.advance_frontier();
+        self.rails[rail].stalled = false;
+        Ok(ExpressAction::Done(status))
+    }
+}
+
+#[cfg(test)]
+mod tests;
