@@ -268,6 +268,11 @@ impl Endpoint {
 
     fn post(&self, wr_id: u64, req: Request, total: u64) -> Result<(), Error> {
         self.shared.send_cq.reserve()?;
+        self.post_reserved(wr_id, req, total)
+    }
+
+    /// [`Endpoint::post`] with the completion's slot reserved.
+    fn post_reserved(&self, wr_id: u64, req: Request, total: u64) -> Result<(), Error> {
         let r = self.shared.session.lock().post(wr_id, req);
         if let Err(e) = r {
             self.shared.send_cq.unreserve();
@@ -275,6 +280,40 @@ impl Endpoint {
         }
         self.push(total);
         Ok(())
+    }
+
+    /// Posts a write: a small one on a rail that carries express requests goes straight
+    /// into the link when the session lets it (see `EndpointShared::post_express`).
+    fn post_write(
+        &self,
+        wr_id: u64,
+        local: &[Sge],
+        remote: &RemoteKey,
+        addr: u64,
+        imm: Option<u32>,
+    ) -> Result<(), Error> {
+        let total = sgl_len(local);
+        self.shared.send_cq.reserve()?;
+        if total <= braid_proto::EXPRESS_MAX as u64 {
+            match self
+                .shared
+                .post_express(wr_id, local, remote.key, addr, imm, true)
+            {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => {
+                    self.shared.send_cq.unreserve();
+                    return Err(post_error(&self.shared, e));
+                }
+            }
+        }
+        let req = Request::Write {
+            local: local.to_vec(),
+            rkey: remote.key,
+            addr,
+            imm,
+        };
+        self.post_reserved(wr_id, req, total)
     }
 
     /// Gets the posted frames moving: small ones from this thread, large ones by the engine.
@@ -297,17 +336,7 @@ impl Endpoint {
         remote: &RemoteKey,
         remote_offset: u64,
     ) -> Result<(), Error> {
-        let total = sgl_len(local);
-        self.post(
-            wr_id,
-            Request::Write {
-                local: local.to_vec(),
-                rkey: remote.key,
-                addr: remote_offset,
-                imm: None,
-            },
-            total,
-        )
+        self.post_write(wr_id, local, remote, remote_offset, None)
     }
 
     /// Like [`Endpoint::write`], and the peer also gets a completion
@@ -321,17 +350,7 @@ impl Endpoint {
         remote_offset: u64,
         imm: u32,
     ) -> Result<(), Error> {
-        let total = sgl_len(local);
-        self.post(
-            wr_id,
-            Request::Write {
-                local: local.to_vec(),
-                rkey: remote.key,
-                addr: remote_offset,
-                imm: Some(imm),
-            },
-            total,
-        )
+        self.post_write(wr_id, local, remote, remote_offset, Some(imm))
     }
 
     /// Reads from the peer's region `remote` at `remote_offset` into `local` (whose total

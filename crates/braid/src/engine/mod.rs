@@ -7,6 +7,7 @@
 //! picked up again by the engine on the socket's writable edge.
 
 mod event_loop;
+mod express;
 pub(crate) mod io;
 mod linkwatch;
 mod rail_worker;
@@ -81,6 +82,8 @@ pub(crate) struct RailIo {
     /// The engine has left this rail's reads to a polling thread (see
     /// [`EndpointShared::polled_inline`]).
     muted: AtomicBool,
+    /// The current link carries express requests (see `express`).
+    express: AtomicBool,
     /// Names the current link, unique in the process: a new link (of this rail or of
     /// another endpoint) may reuse a closed socket's number, and whoever keeps descriptors
     /// in an epoll set must tell the two apart.
@@ -96,6 +99,7 @@ impl RailIo {
             tx_blocked: AtomicBool::new(false),
             tx_wanted: AtomicBool::new(false),
             muted: AtomicBool::new(false),
+            express: AtomicBool::new(link.carries_express()),
             link_gen: AtomicU64::new(next_link_id()),
             rx: Mutex::new(RxCore::new(link.clone())),
             tx: Mutex::new(TxState::new(link)),
@@ -131,6 +135,8 @@ impl RailIo {
     fn replace(&self, link: Arc<dyn Transport>) {
         let mut tx = self.tx.lock();
         self.fd.store(link.readiness_fd(), Ordering::Release);
+        self.express
+            .store(link.carries_express(), Ordering::Release);
         self.link_gen.store(next_link_id(), Ordering::Release);
         tx.link = link.clone();
         tx.batch.clear();

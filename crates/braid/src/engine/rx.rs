@@ -10,6 +10,7 @@ use braid_proto::mem::file::copy_maybe_fragile;
 use braid_proto::wire::{FrameHeader, HEADER_LEN};
 use braid_proto::{Placement, RxAction};
 
+use super::express::ExpressStep;
 use super::io::Received;
 use super::transport::Transport;
 use super::{EndpointShared, clock_ns};
@@ -28,14 +29,16 @@ const LOWAT_MAX: usize = 512 << 10;
 /// application thread polling a completion queue) reads the socket.
 pub(crate) struct RxCore {
     /// The rail's current link.
-    link: Arc<dyn Transport>,
+    pub(super) link: Arc<dyn Transport>,
+    /// The link carries express requests (read between frames).
+    express: bool,
     buf: Box<[u8; RX_BUF]>,
     start: usize,
     end: usize,
     state: RxState,
     bulk: bool,
     /// The last read came back short: the socket was empty, no need to ask again now.
-    drained: bool,
+    pub(super) drained: bool,
     /// Bytes were read since the session was last told the rail is idle (an empty poll
     /// need not tell it again: a busy-polling thread polls millions of times a second).
     read_since_idle: bool,
@@ -48,6 +51,7 @@ pub(crate) struct RxCore {
 impl RxCore {
     pub(super) fn new(link: Arc<dyn Transport>) -> RxCore {
         RxCore {
+            express: link.carries_express(),
             link,
             buf: Box::new([0u8; RX_BUF]),
             start: 0,
@@ -63,17 +67,19 @@ impl RxCore {
 }
 
 /// The receive loop of one rail, with its state locked.
-struct RxRail<'a> {
-    ep: &'a EndpointShared,
-    rail: usize,
-    c: &'a mut RxCore,
+pub(super) struct RxRail<'a> {
+    pub(super) ep: &'a EndpointShared,
+    pub(super) rail: usize,
+    pub(super) c: &'a mut RxCore,
     /// The thread will sleep on the link when the loop ends (the engine, a thread about to
     /// sleep on the rails), so a link that signals only when asked is armed first; a
     /// busy-polling thread comes back by itself.
-    arm: bool,
+    pub(super) arm: bool,
     /// The time the frames of the last read are handed to the session with: read once per
     /// read, not per frame (a busy-polling ping-pong read the clock eight times a message).
     clock: Option<Instant>,
+    /// An express request was executed in this loop (see `reap_express`).
+    pub(super) ran_express: bool,
 }
 
 enum RxState {
@@ -120,6 +126,21 @@ impl RxRail<'_> {
                     return RxStep::Dead;
                 }
                 RxState::Header => {
+                    if self.c.express && self.buffered() == 0 {
+                        match self.run_express() {
+                            ExpressStep::Read => {}
+                            ExpressStep::Ran => continue,
+                            ExpressStep::Empty => {
+                                self.set_lowat(1);
+                                self.rx_idle();
+                                match self.wait() {
+                                    Some(step) => return step,
+                                    None => continue,
+                                }
+                            }
+                            ExpressStep::End(step) => return step,
+                        }
+                    }
                     if self.buffered() < HEADER_LEN {
                         if self.c.start > 0 {
                             self.c.buf.copy_within(self.c.start..self.c.end, 0);
@@ -426,6 +447,11 @@ impl RxRail<'_> {
     /// this thread is about to sleep and the link, asked to signal, has the bytes already.
     /// `None`: read again.
     fn wait(&mut self) -> Option<RxStep> {
+        if self.c.express
+            && let Some(step) = self.reap_express()
+        {
+            return Some(step);
+        }
         if !self.arm {
             return Some(RxStep::Wait);
         }
@@ -452,7 +478,7 @@ impl RxRail<'_> {
         }
     }
 
-    fn die(&mut self, why: &str) -> RxStep {
+    pub(super) fn die(&mut self, why: &str) -> RxStep {
         self.c.state = RxState::Dead;
         self.ep.fail_rail(self.rail, why);
         // Nothing more is written into a placement of this rail: its memory may go.
@@ -481,6 +507,7 @@ impl EndpointShared {
             c: &mut c,
             arm: true,
             clock: None,
+            ran_express: false,
         }
         .run()
     }
@@ -494,6 +521,7 @@ impl EndpointShared {
                 c: &mut c,
                 arm: false,
                 clock: None,
+                ran_express: false,
             }
             .run();
         }

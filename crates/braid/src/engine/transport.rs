@@ -12,9 +12,29 @@ use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
+use braid_proto::ExpressRequest;
+use braid_proto::wire::WireStatus;
+
 use super::io::{
     Received, bytes_waiting, recv_into, recv_pieces, send_pieces, set_rcvlowat, tcp_info,
 };
+
+/// Executes an express request that arrived (with its payload): its status, or `None` when
+/// it cannot execute yet.
+pub(crate) type ExpressExec<'a> = dyn FnMut(&ExpressRequest, &[u8]) -> Option<WireStatus> + 'a;
+
+/// What [`Transport::take_express`] found at the read cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExpressTake {
+    /// Nothing at all: the link is empty.
+    Empty,
+    /// Stream bytes (or nothing the transport can tell apart).
+    Other,
+    /// An express request, executed.
+    Ran,
+    /// An express request that cannot execute yet: it stays.
+    Stalled,
+}
 
 /// What a transport can tell of its link: capacity and liveness, sampled by the engine's
 /// periodic tick.
@@ -82,6 +102,34 @@ pub(crate) trait Transport: Send + Sync {
     /// the link itself, or when the peer made room for a blocked send).
     fn signals_when_armed(&self) -> bool {
         false
+    }
+    /// True when the link carries express requests (see
+    /// [`braid_proto::Session::prepare_express`]): a link that loses and reorders nothing and
+    /// can answer beside its stream (the same-host ring).
+    fn carries_express(&self) -> bool {
+        false
+    }
+    /// Writes express request `r` with its payload `pieces` (plain memory) as one unit
+    /// between frames; false when the link has no room for it now (it goes as frames).
+    fn send_express(
+        &self,
+        _r: &ExpressRequest,
+        _pieces: &[(*const u8, usize)],
+    ) -> io::Result<bool> {
+        Ok(false)
+    }
+    /// At a frame boundary: executes the express request that comes next, if one does,
+    /// with `exec` (its status, or `None` when it cannot execute yet and stays).
+    fn take_express(&self, _exec: &mut ExpressExec<'_>) -> io::Result<ExpressTake> {
+        Ok(ExpressTake::Other)
+    }
+    /// Express requests sent on this link whose answers have not been reaped.
+    fn express_unanswered(&self) -> u64 {
+        0
+    }
+    /// Hands the statuses of newly answered express requests to `f`, oldest first.
+    fn reap_express(&self, _f: &mut dyn FnMut(WireStatus)) -> io::Result<()> {
+        Ok(())
     }
     /// The transport's name, as reports show it (`tcp`, `shm`).
     fn kind(&self) -> &'static str;

@@ -146,7 +146,7 @@ impl EndpointShared {
         Ok(Flush::Idle)
     }
 
-    fn flush_locked(&self, rail: usize, tx: &mut TxState) -> std::io::Result<Flush> {
+    pub(super) fn flush_locked(&self, rail: usize, tx: &mut TxState) -> std::io::Result<Flush> {
         loop {
             // The session had nothing more when the batch was topped up: once the batch is
             // out, there is no need to ask again (a thread that gives the session more

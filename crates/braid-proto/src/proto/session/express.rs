@@ -27,12 +27,12 @@ use smallvec::SmallVec;
 
 use crate::error::{Completion, CompletionKind, Status};
 use crate::mem::file::copy_maybe_fragile;
-use crate::mem::region::{Access, sgl_is_fragile, sgl_len};
+use crate::mem::region::{Access, Sge, sgl_is_fragile, sgl_len};
 use crate::wire::{Opcode, WireStatus};
 
+use super::Session;
 use super::initiator::{OutOp, wire_status};
-use super::types::{PostError, ProtocolError, Request};
-use super::{Session, sgl_pieces};
+use super::types::{PostError, ProtocolError};
 
 /// The largest payload an express write carries: beyond it a copy through the link costs
 /// more than the frames it saves.
@@ -76,8 +76,10 @@ impl PreparedWrite {
 
     /// The payload's pieces (plain memory: file-backed sources never go express).
     pub fn pieces(&self) -> SmallVec<[(*const u8, usize); 2]> {
-        sgl_pieces(&self.op.local, 0, self.op.total, |p, l| (p as *const u8, l))
-            .into_iter()
+        self.op
+            .local
+            .iter()
+            .map(|s| (s.ptr() as *const u8, s.len))
             .collect()
     }
 }
@@ -94,33 +96,36 @@ pub enum ExpressAction {
 }
 
 impl Session {
-    /// Checks and numbers a write for the express path when it may take it now: one rail,
-    /// a payload of at most [`EXPRESS_MAX`] bytes of plain memory, and nothing outstanding
-    /// but express writes (fewer than [`EXPRESS_WINDOW`]). `Ok(Err(req))` hands the request
-    /// back for [`Session::post_with`]; errors are those of `post_with`.
+    /// Checks and numbers a write of `local` to `rkey` at `addr` (with immediate `imm`) for
+    /// the express path when it may take it now: one rail, a payload of at most
+    /// [`EXPRESS_MAX`] bytes of plain memory, and nothing outstanding but express writes
+    /// (fewer than [`EXPRESS_WINDOW`]). `Ok(None)`: post it with [`Session::post_with`];
+    /// errors are those of `post_with`.
     pub fn prepare_express(
         &mut self,
         wr_id: u64,
-        req: Request,
+        local: &[Sge],
+        rkey: u64,
+        addr: u64,
+        imm: Option<u32>,
         signaled: bool,
-    ) -> Result<Result<PreparedWrite, Request>, PostError> {
-        let fits = match &req {
-            Request::Write { local, .. } => {
-                sgl_len(local) <= EXPRESS_MAX as u64 && !sgl_is_fragile(local)
-            }
-            _ => false,
-        };
-        if !fits
+    ) -> Result<Option<PreparedWrite>, PostError> {
+        let total = sgl_len(local);
+        if total > EXPRESS_MAX as u64
+            || sgl_is_fragile(local)
             || self.failed.is_some()
             || self.rails.len() != 1
             || !self.rails[0].alive
             || self.ops.len() != self.express.len()
             || self.express.len() >= EXPRESS_WINDOW
         {
-            return Ok(Err(req));
+            return Ok(None);
         }
-        let op = self.build_op(wr_id, req, signaled)?;
-        Ok(Ok(PreparedWrite { op }))
+        let mut op = self.new_op(wr_id, signaled)?;
+        (op.total, op.local, op.rkey, op.addr, op.imm) = (total, local.into(), rkey, addr, imm);
+        Ok(Some(PreparedWrite {
+            op: self.finish_op(op)?,
+        }))
     }
 
     /// Queues a prepared write: `express` when the driver has put it into the link, else

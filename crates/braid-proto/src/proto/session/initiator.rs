@@ -159,14 +159,9 @@ impl Session {
         Ok(self.enqueue(op, true))
     }
 
-    /// The operation [`Session::post_with`] would queue, checked, not queued yet (its
-    /// sequence number is the next one: queue it before anything else is posted).
-    pub(super) fn build_op(
-        &mut self,
-        wr_id: u64,
-        req: Request,
-        signaled: bool,
-    ) -> Result<OutOp, PostError> {
+    /// A blank operation under the next sequence number (a write of nothing), if one may be
+    /// posted now.
+    pub(super) fn new_op(&self, wr_id: u64, signaled: bool) -> Result<OutOp, PostError> {
         if self.failed.is_some() {
             return Err(PostError::Closed);
         }
@@ -176,9 +171,8 @@ impl Session {
                 limit: self.cfg.max_outstanding,
             });
         }
-        let seq = self.next_seq;
-        let mut op = OutOp {
-            seq,
+        Ok(OutOp {
+            seq: self.next_seq,
             wr_id,
             kind: CompletionKind::Write,
             opcode: Opcode::Write,
@@ -199,7 +193,18 @@ impl Session {
             trailer: None,
             fault: None,
             signaled,
-        };
+        })
+    }
+
+    /// The operation [`Session::post_with`] would queue, checked, not queued yet (its
+    /// sequence number is the next one: queue it before anything else is posted).
+    pub(super) fn build_op(
+        &mut self,
+        wr_id: u64,
+        req: Request,
+        signaled: bool,
+    ) -> Result<OutOp, PostError> {
+        let mut op = self.new_op(wr_id, signaled)?;
         if let Request::WriteV { local, remote } | Request::ReadV { local, remote } = &req {
             check_vectored(local, remote)?;
         }
@@ -294,6 +299,11 @@ impl Session {
                 (op.arg1, op.desc) = (remote.len() as u64, Some(encode_remote(&remote)));
             }
         }
+        self.finish_op(op)
+    }
+
+    /// The checks common to every operation, and what a write needs for relaxed placement.
+    pub(super) fn finish_op(&self, mut op: OutOp) -> Result<OutOp, PostError> {
         if matches!(op.opcode, Opcode::FetchAdd | Opcode::CompareSwap) && !op.addr.is_multiple_of(8)
         {
             return Err(PostError::Invalid(format!(

@@ -23,14 +23,17 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 
 use parking_lot::Mutex;
 
 use super::io::Received;
-use super::transport::{LinkSample, Transport};
+use super::transport::{ExpressExec, ExpressTake, LinkSample, Transport};
+use braid_proto::ExpressRequest;
 use braid_proto::mem::shared::SharedSpan;
+use braid_proto::wire::WireStatus;
 
+mod express;
 mod refs;
 mod ring;
 
@@ -48,6 +51,9 @@ const REF: u8 = 2;
 /// A reference to frozen pages (see [`braid_proto::mem::shared::exchange_span`]), which the
 /// receiver may map copy-on-write instead of copying.
 const EXCHANGE: u8 = 3;
+/// An express request (see [`express`]): executed where it stands, never read as stream
+/// bytes.
+const EXPRESS: u8 = 4;
 /// An inline record's header: tag, three zero bytes, length (u32).
 const INLINE_HDR: usize = 8;
 /// A reference record: the inline header's fields, then token and offset (u64 each).
@@ -72,6 +78,8 @@ enum Cur {
 struct RxCursor {
     tail: u64,
     stream_tail: u64,
+    /// Express requests executed.
+    express_done: u64,
     cur: Cur,
     files: PeerFiles,
 }
@@ -100,6 +108,9 @@ pub(crate) struct ShmLink {
     /// Page-aligned payloads go by page exchange, and the peer's exchanged pages are mapped
     /// rather than copied.
     exchange: bool,
+    /// Express requests written, and answers to them handed on (see [`express`]).
+    express_sent: AtomicU64,
+    express_reaped: AtomicU64,
     _map: Mapping,
 }
 
@@ -150,6 +161,7 @@ impl ShmLink {
             rxc: Mutex::new(RxCursor {
                 tail: 0,
                 stream_tail: 0,
+                express_done: 0,
                 cur: Cur::None,
                 files: PeerFiles::new(files.try_clone()?),
             }),
@@ -157,6 +169,8 @@ impl ShmLink {
             bell,
             ended: AtomicBool::new(false),
             exchange,
+            express_sent: AtomicU64::new(0),
+            express_reaped: AtomicU64::new(0),
             _map: file.map,
         })
     }
@@ -231,11 +245,16 @@ impl ShmLink {
         Ok(w)
     }
 
-    /// Reads the next record's header at the cursor; false when the ring is empty.
+    /// Reads the next record's header at the cursor; false when the ring is empty or an
+    /// express request is next.
     fn next_record(&self, c: &mut RxCursor) -> io::Result<bool> {
         let head = self.rx.ctrl().head.load(Ordering::Acquire);
         let used = self.rx.used(head, c.tail)?;
         if used == 0 {
+            return Ok(false);
+        }
+        // Stream bytes end at an express request: the caller executes it between frames.
+        if self.rx_tag(c.tail) == EXPRESS {
             return Ok(false);
         }
         let mut h = [0u8; REF_HDR];
@@ -557,16 +576,7 @@ impl Transport for ShmLink {
         c.head.store(pos, Ordering::Release);
         c.stream_head.store(cur.stream_head, Ordering::Release);
         fence(Ordering::SeqCst);
-        if c.reader_armed.load(Ordering::Relaxed) != 0 {
-            let waiting = cur
-                .stream_head
-                .wrapping_sub(c.stream_tail.load(Ordering::Acquire));
-            if waiting >= c.want.load(Ordering::Relaxed).max(1)
-                && c.reader_armed.swap(0, Ordering::AcqRel) != 0
-            {
-                self.ring_bell();
-            }
-        }
+        self.wake_reader(c, cur.stream_head);
         Ok(sent)
     }
 
@@ -613,7 +623,7 @@ impl Transport for ShmLink {
         c.reader_armed.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         let stream_tail = self.rxc.lock().stream_tail;
-        if self.stream_waiting(stream_tail)? >= want {
+        if self.stream_waiting(stream_tail)? >= want || self.express_answers_waiting() {
             c.reader_armed.store(0, Ordering::Relaxed);
             return Ok(true);
         }
@@ -622,6 +632,26 @@ impl Transport for ShmLink {
 
     fn signals_when_armed(&self) -> bool {
         true
+    }
+
+    fn carries_express(&self) -> bool {
+        true
+    }
+
+    fn send_express(&self, r: &ExpressRequest, pieces: &[(*const u8, usize)]) -> io::Result<bool> {
+        self.put_express(r, pieces)
+    }
+
+    fn take_express(&self, exec: &mut ExpressExec<'_>) -> io::Result<ExpressTake> {
+        self.exec_express(exec)
+    }
+
+    fn express_unanswered(&self) -> u64 {
+        self.unanswered_express()
+    }
+
+    fn reap_express(&self, f: &mut dyn FnMut(WireStatus)) -> io::Result<()> {
+        self.read_express_answers(f)
     }
 
     fn sample(&self) -> Option<LinkSample> {

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
@@ -18,8 +18,10 @@ const MAX_RING_BYTES: usize = 256 << 20;
 pub(super) const CTRL_BYTES: usize = 4096;
 /// Where each direction's control block starts in the control page.
 const CTRL_OFFSET: [usize; 2] = [0, 1024];
-/// Marks a ring's control page ("braidshm", version 1).
-const RING_MAGIC: u64 = u64::from_le_bytes(*b"braidsh1");
+/// Marks a ring's control page ("braidshm", version 2: express answers).
+const RING_MAGIC: u64 = u64::from_le_bytes(*b"braidsh2");
+/// Answers to express requests kept apart: the producer has at most this many unanswered.
+pub(super) const EXPRESS_SLOTS: usize = braid_proto::EXPRESS_WINDOW;
 
 /// One direction's control block. The cursors sit on lines of their own: the producer
 /// writes one, the consumer the other.
@@ -42,9 +44,17 @@ pub(super) struct Ctrl {
     /// The producer waits for room: the consumer rings once it has read anything.
     pub(super) writer_armed: AtomicU32,
     pub(super) want: AtomicU64,
+    _pad3: [u8; 112],
+    /// Express requests executed (the consumer's): answered, in order.
+    pub(super) express_done: AtomicU64,
+    /// The status of express request `k` (a `WireStatus`) at `k % EXPRESS_SLOTS`, written
+    /// before `express_done` passes `k`.
+    pub(super) express_status: [AtomicU8; EXPRESS_SLOTS],
 }
 
 const _: () = assert!(std::mem::size_of::<Ctrl>() <= 1024);
+// The consumer's answers sit on a line of their own.
+const _: () = assert!(std::mem::offset_of!(Ctrl, express_done) == 512);
 
 /// Which end of the pair this process is: the connecting side writes direction 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,18 +1,33 @@
 use crate::error::{CompletionKind, Status};
-use crate::mem::region::{Region, RemoteKey};
+use crate::mem::region::{Region, RemoteKey, Sge};
 use crate::wire::WireStatus;
 
 use super::super::testkit::Pair;
 use super::super::{Request, SessionConfig};
 use super::{EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, PreparedWrite};
 
-fn write(src: &Region, len: usize, key: &RemoteKey, addr: u64, imm: Option<u32>) -> Request {
-    Request::Write {
-        local: vec![src.slice(0, len).expect("slice")],
-        rkey: key.key,
-        addr,
-        imm,
+/// A write of `len` bytes of `src` to `key` at `addr`.
+struct W(Vec<Sge>, u64, u64, Option<u32>);
+
+fn write(src: &Region, len: usize, key: &RemoteKey, addr: u64, imm: Option<u32>) -> W {
+    W(vec![src.slice(0, len).expect("slice")], key.key, addr, imm)
+}
+
+impl W {
+    fn framed(self) -> Request {
+        Request::Write {
+            local: self.0,
+            rkey: self.1,
+            addr: self.2,
+            imm: self.3,
+        }
     }
+}
+
+fn prepare(p: &mut Pair, side: usize, wr_id: u64, w: &W) -> Option<PreparedWrite> {
+    p.s[side]
+        .prepare_express(wr_id, &w.0, w.1, w.2, w.3, true)
+        .expect("a valid write")
 }
 
 /// The payload a driver would copy into the link.
@@ -26,11 +41,11 @@ fn payload(w: &PreparedWrite) -> Vec<u8> {
 }
 
 /// Side 0 sends `req` the express way; returns what the target is handed.
-fn send(p: &mut Pair, wr_id: u64, req: Request, signaled: bool) -> (ExpressRequest, Vec<u8>) {
-    let w = match p.s[0].prepare_express(wr_id, req, signaled) {
-        Ok(Ok(w)) => w,
-        _ => panic!("the write may go express"),
-    };
+fn send(p: &mut Pair, wr_id: u64, req: W, signaled: bool) -> (ExpressRequest, Vec<u8>) {
+    let w = p.s[0]
+        .prepare_express(wr_id, &req.0, req.1, req.2, req.3, signaled)
+        .expect("a valid write")
+        .expect("the write may go express");
     let (r, bytes) = (w.request(), payload(&w));
     p.s[0].post_prepared(w, true);
     (r, bytes)
@@ -76,7 +91,7 @@ fn an_express_write_with_immediate_places_its_bytes_consumes_a_receive_and_compl
     assert_eq!((got[0].wr_id, got[0].status), (5, Status::Success));
     assert_eq!(p.s[0].outstanding(), 0);
     // The sides' sequence spaces stay in step: a framed write follows.
-    p.post(0, 6, write(&src, 64, &dst.remote_key(), 0, None));
+    p.post(0, 6, write(&src, 64, &dst.remote_key(), 0, None).framed());
     p.run();
     p.assert_no_errors("framed write after an express one");
     assert_eq!(dst.to_vec(0, 64).unwrap(), vec![0xab; 64]);
@@ -90,32 +105,22 @@ fn only_small_plain_writes_on_one_idle_rail_go_express() {
     let dst = p.region(1, 4096, 0);
     let key = dst.remote_key();
     let big = write(&src, EXPRESS_MAX + 1, &key, 0, None);
-    assert!(matches!(p.s[0].prepare_express(1, big, true), Ok(Err(_))));
-    let read = Request::Read {
-        local: vec![src.slice(0, 8).unwrap()],
-        rkey: key.key,
-        addr: 0,
-    };
-    assert!(matches!(p.s[0].prepare_express(1, read, true), Ok(Err(_))));
+    assert!(prepare(&mut p, 0, 1, &big).is_none());
+    let file_free = write(&src, 8, &key, 0, None);
+    assert!(
+        prepare(&mut p, 0, 1, &file_free).is_some(),
+        "prepared, not posted"
+    );
     // A framed operation outstanding: the next write must follow its frames.
-    p.post(0, 2, write(&src, 8, &key, 0, None));
-    assert!(matches!(
-        p.s[0].prepare_express(3, write(&src, 8, &key, 0, None), true),
-        Ok(Err(_))
-    ));
+    p.post(0, 2, write(&src, 8, &key, 0, None).framed());
+    assert!(prepare(&mut p, 0, 3, &write(&src, 8, &key, 0, None)).is_none());
     p.run();
-    assert!(matches!(
-        p.s[0].prepare_express(3, write(&src, 8, &key, 0, None), true),
-        Ok(Ok(_))
-    ));
+    assert!(prepare(&mut p, 0, 3, &write(&src, 8, &key, 0, None)).is_some());
     // Never on an endpoint of several rails.
     let mut q = Pair::new(SessionConfig::default(), 2);
     let src = q.region(0, 64, 1);
     let key = q.region(1, 64, 0).remote_key();
-    assert!(matches!(
-        q.s[0].prepare_express(1, write(&src, 8, &key, 0, None), true),
-        Ok(Err(_))
-    ));
+    assert!(prepare(&mut q, 0, 1, &write(&src, 8, &key, 0, None)).is_none());
 }
 
 #[test]
@@ -126,10 +131,7 @@ fn at_most_a_window_of_express_writes_is_outstanding() {
     for i in 0..EXPRESS_WINDOW as u64 {
         send(&mut p, i, write(&src, 8, &key, 0, None), true);
     }
-    assert!(matches!(
-        p.s[0].prepare_express(99, write(&src, 8, &key, 0, None), true),
-        Ok(Err(_))
-    ));
+    assert!(prepare(&mut p, 0, 99, &write(&src, 8, &key, 0, None)).is_none());
 }
 
 #[test]
@@ -139,7 +141,7 @@ fn a_later_framed_operation_completes_after_the_express_write_before_it() {
     let dst = p.region(1, 4096, 0);
     let key = dst.remote_key();
     let (r, bytes) = send(&mut p, 1, write(&src, 8, &key, 0, None), true);
-    p.post(0, 2, write(&src, 4096, &key, 0, None));
+    p.post(0, 2, write(&src, 4096, &key, 0, None).framed());
     // The link carries the express write first.
     assert_eq!(
         p.s[1].on_express(0, &r, &bytes).unwrap(),
@@ -156,7 +158,7 @@ fn a_later_framed_operation_completes_after_the_express_write_before_it() {
     assert_eq!(ids, [1, 2]);
     // Offered out of turn, a frame waits for the express write before it.
     let (r, bytes) = send(&mut p, 3, write(&src, 8, &key, 0, None), true);
-    p.post(0, 4, write(&src, 8, &key, 8, None));
+    p.post(0, 4, write(&src, 8, &key, 8, None).framed());
     p.run();
     assert_eq!(
         p.s[0].outstanding(),

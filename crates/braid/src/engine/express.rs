@@ -1,0 +1,142 @@
+//! Express writes on the driver's side (see `braid_proto::Session::prepare_express` and
+//! docs/PROTOCOL.md, "Express writes"): the poster writes a small write straight into a
+//! rail whose link carries them, and the reader executes it between frames and answers it
+//! beside the stream; the answers are reaped into the session by whoever reads the rail.
+
+use std::sync::atomic::Ordering;
+
+use braid_proto::{EXPRESS_WINDOW, ExpressAction, PostError, Sge};
+
+use super::EndpointShared;
+use super::rx::RxStep;
+use super::transport::ExpressTake;
+
+impl EndpointShared {
+    /// Posts a write of `local` to `rkey` at `addr` (with immediate `imm`) the express way
+    /// when the endpoint's one rail carries express requests, nothing is being written on
+    /// it, and the session lets it. True when it is posted (into the link, or as frames
+    /// when the link had no room); false: post it as usual.
+    pub(crate) fn post_express(
+        &self,
+        wr_id: u64,
+        local: &[Sge],
+        rkey: u64,
+        addr: u64,
+        imm: Option<u32>,
+        signaled: bool,
+    ) -> Result<bool, PostError> {
+        let [rail] = &self.rails[..] else {
+            return Ok(false);
+        };
+        if !rail.express.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        // The transmit lock before the session's, as a flush takes them.
+        let mut tx = rail.tx.lock();
+        let mut s = self.session.lock();
+        if s.wants_transmit(0) {
+            // Frames the session holds (a `Done` the peer waits for, say) go first: behind
+            // this write they would arrive after the answer the peer waits for them with.
+            drop(s);
+            if self.flush_locked(0, &mut tx).is_err() {
+                return Ok(false);
+            }
+            s = self.session.lock();
+        }
+        // Frames in the batch are ahead of this write and not in the link yet: it must
+        // follow them.
+        if !tx.batch.is_empty() {
+            return Ok(false);
+        }
+        let Some(w) = s.prepare_express(wr_id, local, rkey, addr, imm, signaled)? else {
+            return Ok(false);
+        };
+        // A link that fails here fails the rail for the reader too; the write then goes
+        // the framed way and is failed with the others.
+        let express = matches!(tx.link.send_express(&w.request(), &w.pieces()), Ok(true));
+        s.post_prepared(w, express);
+        // Frames the session holds for the peer (a `Done`, an acknowledgement) went with a
+        // framed request; they go now instead of waiting for the next poll.
+        let waiting = s.wants_transmit(0);
+        drop(s);
+        drop(tx);
+        if !express || waiting {
+            self.flush_all();
+        }
+        Ok(true)
+    }
+}
+
+/// What [`RxRail::run_express`](super::rx::RxRail) found.
+pub(super) enum ExpressStep {
+    /// No express request next: read the link as usual.
+    Read,
+    /// The link is empty.
+    Empty,
+    /// One executed: look again.
+    Ran,
+    /// The loop ends (the request waits for a receive, or the rail failed).
+    End(RxStep),
+}
+
+impl super::rx::RxRail<'_> {
+    /// At a frame boundary: executes the express request that comes next on the link, if one
+    /// does.
+    pub(super) fn run_express(&mut self) -> ExpressStep {
+        let (ep, rail) = (self.ep, self.rail);
+        let mut failure = None;
+        let r = self.c.link.take_express(&mut |req, payload| {
+            let mut s = ep.session.lock();
+            match s.on_express(rail, req, payload) {
+                Ok(ExpressAction::Done(st)) => {
+                    ep.deliver(&mut s);
+                    Some(st)
+                }
+                Ok(ExpressAction::Stall) => None,
+                Err(e) => {
+                    failure = Some(e);
+                    None
+                }
+            }
+        });
+        if let Some(e) = failure {
+            return ExpressStep::End(self.die(&format!("protocol error: {e}")));
+        }
+        match r {
+            Ok(ExpressTake::Other) => ExpressStep::Read,
+            Ok(ExpressTake::Empty) => ExpressStep::Empty,
+            Ok(ExpressTake::Ran) => {
+                self.ran_express = true;
+                ExpressStep::Ran
+            }
+            Ok(ExpressTake::Stalled) => ExpressStep::End(RxStep::Wait),
+            Err(e) => ExpressStep::End(self.die(&format!("receive failed: {e}"))),
+        }
+    }
+
+    /// Hands the answers to this side's express requests that arrived to the session. A
+    /// busy-polling thread that has just executed the peer's request leaves them for its
+    /// next poll while fewer than half the window wait: its caller's answer to that request
+    /// goes first.
+    pub(super) fn reap_express(&mut self) -> Option<RxStep> {
+        let unanswered = self.c.link.express_unanswered();
+        if unanswered == 0
+            || (self.ran_express && !self.arm && unanswered < EXPRESS_WINDOW as u64 / 2)
+        {
+            return None;
+        }
+        let mut s = self.ep.session.lock();
+        let mut bad = None;
+        let r = self.c.link.reap_express(&mut |st| {
+            if let Err(e) = s.express_acked(st) {
+                bad.get_or_insert(e);
+            }
+        });
+        self.ep.deliver(&mut s);
+        drop(s);
+        if let Some(e) = bad {
+            return Some(self.die(&format!("protocol error: {e}")));
+        }
+        r.err().map(|e| self.die(&format!("receive failed: {e}")))
+    }
+}
