@@ -1,0 +1,306 @@
+//! Express writes over a same-host ring (docs/PROTOCOL.md, "Express writes"): a write of
+//! up to 512 B goes into the ring as one record and is answered beside the stream, with the
+//! semantics of a framed write: the target's protection checks, order with the framed
+//! operations around it, a receive per immediate, and a completion for every operation.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use braid::{Access, CompletionKind, RailTransport, Status};
+use common::{Pair, WAIT, expect_ok, next, pair_over, pattern};
+
+fn shm_pair() -> Pair {
+    pair_over(RailTransport::Auto, "shm", 1, |_| {})
+}
+
+/// Polls `cq` (driving the endpoint's progress) `polls` times; the completions seen.
+fn poll_for(cq: &braid::CompletionQueue, polls: usize) -> Vec<braid::Completion> {
+    (0..polls).filter_map(|_| cq.poll()).collect()
+}
+
+#[test]
+fn small_writes_go_around_the_frames_and_arrive_whole_and_in_order() {
+    let p = shm_pair();
+    let dst = p.server_ctx.alloc_region(128 << 10, Access::all()).unwrap();
+    let src = p.client_ctx.alloc_region(128 << 10, Access::all()).unwrap();
+    let inbox = p.server_ctx.alloc_region(64, Access::all()).unwrap();
+    let key = dst.remote_key();
+    const N: u64 = 300;
+    let mut off = 0usize;
+    for i in 0..N {
+        let len = 1 + (i as usize * 37) % 512;
+        let bytes = pattern(i, len);
+        src.write_at(off, &bytes).unwrap();
+        p.server
+            .post_recv(1000 + i, &[inbox.slice(0, 64).unwrap()])
+            .unwrap();
+        p.client
+            .write_with_imm(
+                i,
+                &[src.slice(off, len).unwrap()],
+                &key,
+                off as u64,
+                i as u32,
+            )
+            .unwrap();
+        let c = next(&p.server_cq);
+        assert_eq!(
+            (c.wr_id, c.kind, c.status, c.imm, c.byte_len),
+            (
+                1000 + i,
+                CompletionKind::RecvWriteImm,
+                Status::Success,
+                Some(i as u32),
+                len as u64
+            )
+        );
+        assert_eq!(dst.to_vec(off, len).unwrap(), bytes, "write {i}");
+        // The poster polls, as an application does: its answers are reaped and the next
+        // write may go express again (64 unanswered at most, then frames).
+        expect_ok(&p.client_cq, i);
+        off += len;
+    }
+    // No frame carried them: the rail's data bytes count framed payloads only.
+    assert_eq!(p.client.rail_bytes_sent(), vec![0]);
+    // A larger write goes framed.
+    src.write_at(0, &pattern(7, 4096)).unwrap();
+    p.client
+        .write(N, &[src.slice(0, 4096).unwrap()], &key, 0)
+        .unwrap();
+    expect_ok(&p.client_cq, N);
+    assert_eq!(p.client.rail_bytes_sent(), vec![4096]);
+    assert_eq!(dst.to_vec(0, 4096).unwrap(), pattern(7, 4096));
+}
+
+#[test]
+fn express_and_framed_writes_keep_their_order() {
+    let p = shm_pair();
+    let dst = p.server_ctx.alloc_region(256 << 10, Access::all()).unwrap();
+    let src = p.client_ctx.alloc_region(256 << 10, Access::all()).unwrap();
+    let inbox = p.server_ctx.alloc_region(64, Access::all()).unwrap();
+    let key = dst.remote_key();
+    let big = pattern(1, 200 << 10);
+    src.write_at(4096, &big).unwrap();
+    for round in 0..20u64 {
+        src.write_at(0, &round.to_le_bytes()).unwrap();
+        src.write_at(8, &(round + 100).to_le_bytes()).unwrap();
+        let base = 10 * round;
+        // Small (express), then large (framed) over the same bytes, then small again (framed
+        // while the large one is outstanding, or express once it completed), then a flag.
+        p.client
+            .write(base, &[src.slice(0, 8).unwrap()], &key, 0)
+            .unwrap();
+        p.client
+            .write(base + 1, &[src.slice(4096, 200 << 10).unwrap()], &key, 0)
+            .unwrap();
+        p.client
+            .write(base + 2, &[src.slice(8, 8).unwrap()], &key, 8)
+            .unwrap();
+        p.server
+            .post_recv(base + 3, &[inbox.slice(0, 64).unwrap()])
+            .unwrap();
+        p.client
+            .write_with_imm(
+                base + 3,
+                &[src.slice(0, 8).unwrap()],
+                &key,
+                16,
+                round as u32,
+            )
+            .unwrap();
+        // The flag arrives after every byte before it.
+        let c = next(&p.server_cq);
+        assert_eq!((c.wr_id, c.imm), (base + 3, Some(round as u32)));
+        let mut want = big[..8].to_vec();
+        want.extend_from_slice(&(round + 100).to_le_bytes());
+        want.extend_from_slice(&round.to_le_bytes());
+        want.extend_from_slice(&big[24..200 << 10]);
+        assert!(dst.to_vec(0, 200 << 10).unwrap() == want, "round {round}");
+        // Completions come in posting order, whichever way each write went.
+        for k in 0..4 {
+            expect_ok(&p.client_cq, base + k);
+        }
+    }
+}
+
+#[test]
+fn a_refused_express_write_fails_alone_and_the_endpoint_goes_on() {
+    let p = shm_pair();
+    let dst = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
+    let readonly = p
+        .server_ctx
+        .alloc_region(4096, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    let src = p.client_ctx.alloc_region(64, Access::all()).unwrap();
+    let inbox = p.server_ctx.alloc_region(64, Access::all()).unwrap();
+    src.write_at(0, &[9u8; 64]).unwrap();
+    p.server
+        .post_recv(77, &[inbox.slice(0, 64).unwrap()])
+        .unwrap();
+    let key = dst.remote_key();
+    let one = || [src.slice(0, 8).unwrap()];
+    // Past the region's end, without the right, under a deregistered key.
+    p.client.write_with_imm(1, &one(), &key, 4090, 1).unwrap();
+    p.client
+        .write_with_imm(2, &one(), &readonly.remote_key(), 0, 2)
+        .unwrap();
+    let gone = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
+    let gone_key = gone.remote_key();
+    drop(gone);
+    p.client.write_with_imm(3, &one(), &gone_key, 0, 3).unwrap();
+    for wr in 1..=3 {
+        let c = next(&p.client_cq);
+        assert_eq!((c.wr_id, c.status), (wr, Status::RemoteAccessError));
+    }
+    assert_eq!(dst.to_vec(4088, 8).unwrap(), vec![0; 8]);
+    assert_eq!(readonly.to_vec(0, 8).unwrap(), vec![0; 8]);
+    // None of them took the receive: the next good write does.
+    p.client.write_with_imm(4, &one(), &key, 0, 4).unwrap();
+    expect_ok(&p.client_cq, 4);
+    let c = next(&p.server_cq);
+    assert_eq!((c.wr_id, c.imm), (77, Some(4)));
+    assert_eq!(dst.to_vec(0, 8).unwrap(), vec![9; 8]);
+}
+
+#[test]
+fn an_express_write_with_immediate_waits_for_a_receive() {
+    let p = shm_pair();
+    let dst = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
+    let src = p.client_ctx.alloc_region(64, Access::all()).unwrap();
+    let inbox = p.server_ctx.alloc_region(64, Access::all()).unwrap();
+    src.write_at(0, &[5u8; 8]).unwrap();
+    p.client
+        .write_with_imm(1, &[src.slice(0, 8).unwrap()], &dst.remote_key(), 0, 42)
+        .unwrap();
+    // Both sides make progress; the write may not complete, nor place its bytes, before
+    // the target has a receive for its immediate.
+    for _ in 0..200 {
+        assert!(poll_for(&p.server_cq, 10).is_empty());
+        assert!(poll_for(&p.client_cq, 10).is_empty());
+    }
+    assert_eq!(dst.to_vec(0, 8).unwrap(), vec![0; 8]);
+    p.server
+        .post_recv(9, &[inbox.slice(0, 64).unwrap()])
+        .unwrap();
+    let c = next(&p.server_cq);
+    assert_eq!(
+        (c.wr_id, c.imm, c.kind),
+        (9, Some(42), CompletionKind::RecvWriteImm)
+    );
+    expect_ok(&p.client_cq, 1);
+    assert_eq!(dst.to_vec(0, 8).unwrap(), vec![5; 8]);
+}
+
+#[test]
+fn blocked_waiters_are_woken_by_express_writes_and_their_answers() {
+    let p = shm_pair();
+    for cq in [&p.server_cq, &p.client_cq] {
+        // Sleep at once: only the ring's doorbell can wake them.
+        cq.set_spin(Duration::ZERO);
+    }
+    let dst = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
+    let back = p.client_ctx.alloc_region(4096, Access::all()).unwrap();
+    let src = p.client_ctx.alloc_region(64, Access::all()).unwrap();
+    let inbox = p.server_ctx.alloc_region(64, Access::all()).unwrap();
+    let key = dst.remote_key();
+    let back_key = back.remote_key();
+    const PINGS: u32 = 100;
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            // The server echoes each immediate back with a write of its own.
+            let (mut pings, mut acks) = (0u32, 0u32);
+            while pings < PINGS || acks < PINGS {
+                let c = p.server_cq.wait(WAIT).expect("a ping or an answer");
+                assert_eq!(c.status, Status::Success, "{c:?}");
+                if c.kind == CompletionKind::Write {
+                    acks += 1;
+                    continue;
+                }
+                assert_eq!(c.kind, CompletionKind::RecvWriteImm, "{c:?}");
+                pings += 1;
+                p.server
+                    .post_recv(c.wr_id, &[inbox.slice(0, 64).unwrap()])
+                    .unwrap();
+                let imm = c.imm.unwrap();
+                p.server
+                    .write_with_imm(imm.into(), &[dst.slice(0, 8).unwrap()], &back_key, 0, imm)
+                    .unwrap();
+            }
+        });
+        let reply = p.client_ctx.alloc_region(64, Access::all()).unwrap();
+        for k in 0..4 {
+            p.server
+                .post_recv(k, &[inbox.slice(0, 64).unwrap()])
+                .unwrap();
+        }
+        let deadline = Instant::now() + WAIT;
+        let (mut pongs, mut acks) = (0u32, 0u32);
+        let ping = |i: u32| {
+            p.client
+                .post_recv(i.into(), &[reply.slice(0, 64).unwrap()])
+                .unwrap();
+            p.client
+                .write_with_imm(i.into(), &[src.slice(0, 8).unwrap()], &key, 0, i)
+                .unwrap();
+        };
+        ping(0);
+        while pongs < PINGS || acks < PINGS {
+            assert!(
+                Instant::now() < deadline,
+                "stuck after {pongs} pongs, {acks} answers"
+            );
+            let c = p.client_cq.wait(WAIT).expect("a completion");
+            assert_eq!(c.status, Status::Success, "{c:?}");
+            match c.kind {
+                CompletionKind::Write => acks += 1,
+                CompletionKind::RecvWriteImm => {
+                    assert_eq!(c.imm, Some(pongs));
+                    pongs += 1;
+                    if pongs < PINGS {
+                        ping(pongs);
+                    }
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    });
+    // A plain write completes nothing at the target: only its answer wakes the poster.
+    for i in 0..20u64 {
+        p.client
+            .write(500 + i, &[src.slice(0, 8).unwrap()], &key, 64)
+            .unwrap();
+        let c = p.client_cq.wait(WAIT).expect("the answer wakes the poster");
+        assert_eq!((c.wr_id, c.status), (500 + i, Status::Success));
+    }
+}
+
+#[test]
+fn a_peer_that_goes_away_fails_the_express_writes_it_never_answered() {
+    let p = shm_pair();
+    let dst = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
+    let src = p.client_ctx.alloc_region(64, Access::all()).unwrap();
+    // No receive at the target: the write waits there, unanswered.
+    p.client
+        .write_with_imm(1, &[src.slice(0, 8).unwrap()], &dst.remote_key(), 0, 1)
+        .unwrap();
+    p.client
+        .write(2, &[src.slice(0, 8).unwrap()], &dst.remote_key(), 8)
+        .unwrap();
+    assert!(poll_for(&p.client_cq, 1000).is_empty());
+    let Pair {
+        server,
+        server_ctx,
+        client,
+        client_cq,
+        ..
+    } = p;
+    drop(server);
+    drop(server_ctx);
+    for wr in 1..=2 {
+        let c = client_cq.wait(WAIT).expect("a completion for every write");
+        assert_eq!(c.wr_id, wr);
+        assert_ne!(c.status, Status::Success, "{c:?}");
+    }
+    assert!(client.is_closed());
+}
