@@ -24,6 +24,5 @@ pub use error::{Completion, CompletionKind, Error, Status};
 pub use mem::{Access, Region, RegionOptions, Registry, RemoteKey, RemoteSge, Sge};
 pub use proto::{
     EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, HedgeStats, Placement, PostError,
-    PreparedWrite, ProtocolError, Request, RxAction, Session, SessionConfig, Transmit, rate,
-    session,
+    ProtocolError, Request, RxAction, Session, SessionConfig, Transmit, rate, session,
 };

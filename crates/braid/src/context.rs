@@ -406,6 +406,7 @@ impl Context {
             ctrl_held_since: std::sync::atomic::AtomicU64::new(0),
             answer_due: std::sync::atomic::AtomicBool::new(false),
             rail_sleepers: std::sync::atomic::AtomicUsize::new(0),
+            tx_check: std::sync::atomic::AtomicBool::new(true),
         });
         let weak: Weak<dyn crate::cq::Driver> = Arc::downgrade(&shared) as Weak<EndpointShared>;
         opts.send_cq.attach(weak.clone());

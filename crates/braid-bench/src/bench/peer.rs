@@ -2,7 +2,7 @@
 //! receives it has posted, and the control messages that run a test (see the module above
 //! for their protocol).
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -17,7 +17,9 @@ use super::{
 #[derive(Default)]
 pub struct RecvPool {
     next: u64,
-    posted: HashMap<u64, Sge>,
+    /// By id, oldest first: receives complete in the order they were posted, so the one
+    /// completing is found at the front (no hashing on a latency loop's path).
+    posted: VecDeque<(u64, Sge)>,
 }
 
 impl RecvPool {
@@ -106,7 +108,7 @@ impl Peer {
         self.ep
             .post_recv(id, std::slice::from_ref(&sge))
             .context("posting a receive")?;
-        self.pool.posted.insert(id, sge);
+        self.pool.posted.push_back((id, sge));
         Ok(())
     }
 
@@ -128,9 +130,12 @@ impl Peer {
 
     /// The buffer of a receive completion (removing it from the pool).
     pub fn take(&mut self, c: &Completion) -> Result<Sge> {
-        self.pool
-            .posted
-            .remove(&c.wr_id)
+        let posted = &mut self.pool.posted;
+        posted
+            .iter()
+            .position(|(id, _)| *id == c.wr_id)
+            .and_then(|i| posted.remove(i))
+            .map(|(_, sge)| sge)
             .with_context(|| format!("completion of an unknown receive: {c:?}"))
     }
 

@@ -644,14 +644,17 @@ fn post_retry(
     pending: &mut HashMap<u64, Sge>,
     f: impl Fn(&braid::Endpoint) -> Result<(), BraidError>,
 ) -> Result<()> {
-    let until = Instant::now() + peer.stall;
+    // Read the clock only once the queue is full: a latency loop posts every pong here.
+    let mut until = None;
     loop {
         match f(&peer.ep) {
             Ok(()) => {
                 *outstanding += 1;
                 return Ok(());
             }
-            Err(BraidError::QueueFull { .. }) if Instant::now() < until => {
+            Err(BraidError::QueueFull { .. })
+                if Instant::now() < *until.get_or_insert_with(|| Instant::now() + peer.stall) =>
+            {
                 if let Some(c) = peer.scq.wait(Duration::from_millis(10)) {
                     check_status(&c, "pong")?;
                     *outstanding -= 1;

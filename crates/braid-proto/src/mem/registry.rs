@@ -140,9 +140,26 @@ impl Registry {
         Ok(pin)
     }
 
+    /// The checks of [`Registry::check`], then `f` on the region, under the table's read
+    /// lock and without a pin: deregistration, which takes the write lock, waits until `f`
+    /// returns. For a short access (an express write's copy) a pin costs more than it.
+    pub(crate) fn with_checked<R>(
+        &self,
+        key: u64,
+        addr: u64,
+        len: u64,
+        need: Access,
+        f: impl FnOnce(&RegionInner) -> R,
+    ) -> Result<R, WireStatus> {
+        let map = self.map.read();
+        let inner = map.get(&key).ok_or(WireStatus::RemoteAccess)?;
+        Self::check_pin(inner, key, addr, len, need, &mut FileEnds::default())?;
+        Ok(f(inner))
+    }
+
     /// The checks of [`Registry::check_in`] on a region already looked up (and pinned).
     pub(crate) fn check_pin(
-        pin: &RegionPin,
+        pin: &RegionInner,
         key: u64,
         addr: u64,
         len: u64,

@@ -7,5 +7,5 @@ pub(crate) mod spans;
 
 pub use session::{
     EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, HedgeStats, Placement, PostError,
-    PreparedWrite, ProtocolError, Request, RxAction, Session, SessionConfig, Transmit,
+    ProtocolError, Request, RxAction, Session, SessionConfig, Transmit,
 };

@@ -1,4 +1,4 @@
-//! Express writes on the driver's side (see `braid_proto::Session::prepare_express` and
+//! Express writes on the driver's side (see `braid_proto::Session::post_express` and
 //! docs/PROTOCOL.md, "Express writes"): the poster writes a small write straight into a
 //! rail whose link carries them, and the reader executes it between frames and answers it
 //! beside the stream; the answers are reaped into the session by whoever reads the rail.
@@ -48,19 +48,18 @@ impl EndpointShared {
         if !tx.batch.is_empty() {
             return Ok(false);
         }
-        let Some(w) = s.prepare_express(wr_id, local, rkey, addr, imm, signaled)? else {
-            return Ok(false);
-        };
         // A link that fails here fails the rail for the reader too; the write then goes
         // the framed way and is failed with the others.
-        let express = matches!(tx.link.send_express(&w.request(), &w.pieces()), Ok(true));
-        s.post_prepared(w, express);
-        // Frames the session holds for the peer (a `Done`, an acknowledgement) went with a
-        // framed request; they go now instead of waiting for the next poll.
-        let waiting = s.wants_transmit(0);
+        let link = &tx.link;
+        let Some(express) = s.post_express(wr_id, local, rkey, addr, imm, signaled, |r, p| {
+            matches!(link.send_express(r, p), Ok(true))
+        })?
+        else {
+            return Ok(false);
+        };
         drop(s);
         drop(tx);
-        if !express || waiting {
+        if !express {
             self.flush_all();
         }
         Ok(true)
@@ -102,12 +101,19 @@ impl super::rx::RxRail<'_> {
         if let Some(e) = failure {
             return ExpressStep::End(self.die(&format!("protocol error: {e}")));
         }
+        self.found |= r.as_ref().map_or(true, |t| {
+            !matches!(t, ExpressTake::Other | ExpressTake::Empty)
+        });
         match r {
             Ok(ExpressTake::Other) => ExpressStep::Read,
             Ok(ExpressTake::Empty) => ExpressStep::Empty,
             Ok(ExpressTake::Ran) => {
                 self.ran_express = true;
                 ExpressStep::Ran
+            }
+            Ok(ExpressTake::RanEmpty) => {
+                self.ran_express = true;
+                ExpressStep::Empty
             }
             Ok(ExpressTake::Stalled) => ExpressStep::End(RxStep::Wait),
             Err(e) => ExpressStep::End(self.die(&format!("receive failed: {e}"))),
@@ -122,9 +128,11 @@ impl super::rx::RxRail<'_> {
         let unanswered = self.c.link.express_unanswered();
         if unanswered == 0
             || (self.ran_express && !self.arm && unanswered < EXPRESS_WINDOW as u64 / 2)
+            || !self.c.link.express_answered()
         {
             return None;
         }
+        self.found = true;
         let mut s = self.ep.session.lock();
         let mut bad = None;
         let r = self.c.link.reap_express(&mut |st| {

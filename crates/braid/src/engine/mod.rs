@@ -44,6 +44,14 @@ const APP_POLL_HOLD_NS: u64 = 1_000_000;
 /// everything first.
 const CTRL_HOLD_NS: u64 = 20_000;
 
+/// A polling thread refreshes [`EndpointShared::app_polled`] once in this many polls.
+const POLL_MARK_EVERY: u32 = 32;
+
+thread_local! {
+    /// Polls made by this thread (see [`POLL_MARK_EVERY`]).
+    static POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 /// Monotonic nanoseconds (`CLOCK_MONOTONIC`, never 0). Read straight, not as an
 /// `Instant` since a start: a busy-polling thread reads it on every poll, and the
 /// subtraction and 128-bit conversion of `Instant::elapsed` cost more than the read.
@@ -176,6 +184,9 @@ pub(crate) struct EndpointShared {
     /// Threads sleeping on this endpoint's sockets (see `CompletionQueue::arm`): the
     /// engine leaves reads to them as to a polling thread.
     pub(crate) rail_sleepers: AtomicUsize,
+    /// A read since a polling thread last asked the session for frames to send (or frames
+    /// left then): the next poll asks again (see `progress_on_caller`).
+    pub(crate) tx_check: AtomicBool,
     /// On the connecting side: starts re-dialling a failed rail.
     pub(crate) redial: Option<Box<dyn Fn(usize) + Send + Sync>>,
 }
@@ -247,16 +258,39 @@ impl EndpointShared {
         if self.closed.load(Ordering::Acquire) {
             return;
         }
-        let now = clock_ns();
-        self.app_polled.store(now, Ordering::Release);
+        // The clock costs as much as the rest of an empty poll: a polling thread marks
+        // itself every POLL_MARK_EVERY polls (and on its first), well within
+        // APP_POLL_HOLD_NS at any polling rate that matters.
+        let now = POLLS.with(|n| {
+            let k = n.get().wrapping_add(1);
+            n.set(k);
+            if k.is_multiple_of(POLL_MARK_EVERY) || self.app_polled.load(Ordering::Relaxed) == 0 {
+                let now = clock_ns();
+                self.app_polled.store(now, Ordering::Release);
+                now
+            } else {
+                0
+            }
+        });
         // What the previous poll's reading produced (acknowledgements, Done frames) goes out
         // first, unless it is control frames only, a receive completed since the last
         // flush, and a busy-polling thread has held them for less than CTRL_HOLD_NS: the
         // answer the application posts meanwhile carries them in the same send. Without
         // such a receive nothing here is about to answer (see `answer_due`): a `Done` or an
         // atomic's response goes at once; acknowledgements are still held.
+        // Only reading makes frames that a poll must send (a post sends its own, the
+        // engine what its tick and its reads make): while no read found anything, the
+        // session is not asked, nor locked.
+        let ask = wait_for_readers || self.tx_check.load(Ordering::Acquire);
+        if ask {
+            // Cleared before the session is asked: a reader that sets it again after this
+            // made its frames before, and they are seen below.
+            self.tx_check.store(false, Ordering::Release);
+        }
         let answer_due = self.answer_due.load(Ordering::Acquire);
-        let (data, ctrl, urgent) = {
+        let (data, ctrl, urgent) = if !ask {
+            (false, false, false)
+        } else {
             let s = self.session.lock();
             (0..self.rails.len()).fold((false, false, false), |(d, c, u), r| {
                 let c_r = s.wants_ctrl_transmit(r);
@@ -267,17 +301,34 @@ impl EndpointShared {
                 )
             })
         };
-        if data || urgent || (ctrl && (wait_for_readers || self.ctrl_held_long(now))) {
+        if data || ctrl {
+            // Held back, or not all of it may go: ask again next time.
+            self.tx_check.store(true, Ordering::Release);
+        }
+        // Whether the session may have changed here: a read, an answer, or a flush (a read
+        // response written may let a stalled rail go on). Otherwise nothing can be due for
+        // a retry that this poll made due (a post_recv that makes one kicks the engine).
+        let mut changed = wait_for_readers;
+        if data
+            || urgent
+            || (ctrl
+                && (wait_for_readers
+                    || self.ctrl_held_long(if now == 0 { clock_ns() } else { now })))
+        {
             self.flush_all();
+            changed = true;
         }
         for rail in 0..self.rails.len() {
             if wait_for_readers {
                 self.rx_run(rail);
             } else {
-                self.rx_try_run(rail);
+                changed |= self.rx_try_run(rail);
             }
         }
-        if self.session.lock().rx_retry_pending() {
+        if changed {
+            self.tx_check.store(true, Ordering::Release);
+        }
+        if changed && self.session.lock().rx_retry_pending() {
             self.kicker.kick(self.id);
         }
     }

@@ -4,6 +4,7 @@
 //! queue).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use braid_proto::mem::file::copy_maybe_fragile;
@@ -80,6 +81,8 @@ pub(super) struct RxRail<'a> {
     clock: Option<Instant>,
     /// An express request was executed in this loop (see `reap_express`).
     pub(super) ran_express: bool,
+    /// The loop found something to read, execute or reap (see `rx_try_run`).
+    pub(super) found: bool,
 }
 
 enum RxState {
@@ -344,6 +347,7 @@ impl RxRail<'_> {
     /// Offers a header to the session; `Some` ends the receive loop.
     fn offer(&mut self, h: FrameHeader) -> Option<RxStep> {
         self.c.read_since_idle = true;
+        self.found = true;
         let mut s = self.ep.session.lock();
         let now = *self.clock.get_or_insert_with(Instant::now);
         let action = match s.on_frame(self.rail, &h, now) {
@@ -466,6 +470,7 @@ impl RxRail<'_> {
     }
 
     fn payload_done(&mut self, _len: usize) {
+        self.found = true;
         let mut s = self.ep.session.lock();
         let r = s.payload_done(self.rail);
         self.ep.deliver(&mut s);
@@ -479,6 +484,7 @@ impl RxRail<'_> {
     }
 
     pub(super) fn die(&mut self, why: &str) -> RxStep {
+        self.found = true;
         self.c.state = RxState::Dead;
         self.ep.fail_rail(self.rail, why);
         // Nothing more is written into a placement of this rail: its memory may go.
@@ -501,29 +507,42 @@ impl EndpointShared {
     /// Runs `rail`'s receive loop; waits for the lock if another thread holds it.
     pub(super) fn rx_run(&self, rail: usize) -> RxStep {
         let mut c = self.rails[rail].rx.lock();
-        RxRail {
+        let mut r = RxRail {
             ep: self,
             rail,
             c: &mut c,
             arm: true,
             clock: None,
             ran_express: false,
+            found: false,
+        };
+        let step = r.run();
+        if r.found {
+            self.tx_check.store(true, Ordering::Release);
         }
-        .run()
+        step
     }
 
     /// Runs `rail`'s receive loop unless another thread holds it (that thread reads).
-    pub(super) fn rx_try_run(&self, rail: usize) {
-        if let Some(mut c) = self.rails[rail].rx.try_lock() {
-            RxRail {
-                ep: self,
-                rail,
-                c: &mut c,
-                arm: false,
-                clock: None,
-                ran_express: false,
-            }
-            .run();
+    /// True when the loop found anything (bytes, an express request, answers), so that the
+    /// session may have changed.
+    pub(super) fn rx_try_run(&self, rail: usize) -> bool {
+        let Some(mut c) = self.rails[rail].rx.try_lock() else {
+            return false;
+        };
+        let mut r = RxRail {
+            ep: self,
+            rail,
+            c: &mut c,
+            arm: false,
+            clock: None,
+            ran_express: false,
+            found: false,
+        };
+        r.run();
+        if r.found {
+            self.tx_check.store(true, Ordering::Release);
         }
+        r.found
     }
 }

@@ -30,8 +30,10 @@ pub(crate) enum ExpressTake {
     Empty,
     /// Stream bytes (or nothing the transport can tell apart).
     Other,
-    /// An express request, executed.
+    /// An express request, executed; more stream follows.
     Ran,
+    /// An express request, executed, and the link is empty now.
+    RanEmpty,
     /// An express request that cannot execute yet: it stays.
     Stalled,
 }
@@ -104,7 +106,7 @@ pub(crate) trait Transport: Send + Sync {
         false
     }
     /// True when the link carries express requests (see
-    /// [`braid_proto::Session::prepare_express`]): a link that loses and reorders nothing and
+    /// [`braid_proto::Session::post_express`]): a link that loses and reorders nothing and
     /// can answer beside its stream (the same-host ring).
     fn carries_express(&self) -> bool {
         false
@@ -126,6 +128,10 @@ pub(crate) trait Transport: Send + Sync {
     /// Express requests sent on this link whose answers have not been reaped.
     fn express_unanswered(&self) -> u64 {
         0
+    }
+    /// Answers to express requests wait to be reaped.
+    fn express_answered(&self) -> bool {
+        false
     }
     /// Hands the statuses of newly answered express requests to `f`, oldest first.
     fn reap_express(&self, _f: &mut dyn FnMut(WireStatus)) -> io::Result<()> {

@@ -12,7 +12,7 @@
 //!
 //! Order. The link carries express requests and frames in one sequence, and the initiator
 //! sends an express write only when every operation outstanding is an express write
-//! ([`Session::prepare_express`]), so all the requests before it have executed at the target
+//! ([`Session::post_express`]), so all the requests before it have executed at the target
 //! or lie before it in the link: the target meets it exactly at its turn (its sequence number
 //! is the target's frontier, which [`Session::on_express`] checks). Frames of requests
 //! posted later follow it in the link. At the initiator, completions stay in posting
@@ -31,7 +31,7 @@ use crate::mem::region::{Access, Sge, sgl_is_fragile, sgl_len};
 use crate::wire::{Opcode, WireStatus};
 
 use super::Session;
-use super::initiator::{OutOp, wire_status};
+use super::initiator::wire_status;
 use super::types::{PostError, ProtocolError};
 
 /// The largest payload an express write carries: beyond it a copy through the link costs
@@ -56,34 +56,6 @@ pub struct ExpressRequest {
     pub len: u32,
 }
 
-/// A write checked and numbered by [`Session::prepare_express`], to be queued with
-/// [`Session::post_prepared`] before anything else is posted.
-pub struct PreparedWrite {
-    op: OutOp,
-}
-
-impl PreparedWrite {
-    /// The request as the target needs it.
-    pub fn request(&self) -> ExpressRequest {
-        ExpressRequest {
-            seq: self.op.seq,
-            rkey: self.op.rkey,
-            addr: self.op.addr,
-            imm: self.op.imm,
-            len: self.op.total as u32,
-        }
-    }
-
-    /// The payload's pieces (plain memory: file-backed sources never go express).
-    pub fn pieces(&self) -> SmallVec<[(*const u8, usize); 2]> {
-        self.op
-            .local
-            .iter()
-            .map(|s| (s.ptr() as *const u8, s.len))
-            .collect()
-    }
-}
-
 /// What the target did with an express write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExpressAction {
@@ -96,12 +68,15 @@ pub enum ExpressAction {
 }
 
 impl Session {
-    /// Checks and numbers a write of `local` to `rkey` at `addr` (with immediate `imm`) for
-    /// the express path when it may take it now: one rail, a payload of at most
-    /// [`EXPRESS_MAX`] bytes of plain memory, and nothing outstanding but express writes
-    /// (fewer than [`EXPRESS_WINDOW`]). `Ok(None)`: post it with [`Session::post_with`];
-    /// errors are those of `post_with`.
-    pub fn prepare_express(
+    /// Posts a write of `local` to `rkey` at `addr` (with immediate `imm`) the express way
+    /// when it may take it now: one rail, a payload of at most [`EXPRESS_MAX`] bytes of
+    /// plain memory, and nothing outstanding but express writes (fewer than
+    /// [`EXPRESS_WINDOW`]). `send` puts the request and its payload's pieces into the
+    /// link, false when the link has no room. `Ok(None)`: not taken, nothing queued (post
+    /// it with [`Session::post_with`]); `Ok(Some(true))`: sent; `Ok(Some(false))`: queued
+    /// as an ordinary operation whose frames follow. Errors are those of `post_with`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_express(
         &mut self,
         wr_id: u64,
         local: &[Sge],
@@ -109,7 +84,8 @@ impl Session {
         addr: u64,
         imm: Option<u32>,
         signaled: bool,
-    ) -> Result<Option<PreparedWrite>, PostError> {
+        send: impl FnOnce(&ExpressRequest, &[(*const u8, usize)]) -> bool,
+    ) -> Result<Option<bool>, PostError> {
         let total = sgl_len(local);
         if total > EXPRESS_MAX as u64
             || sgl_is_fragile(local)
@@ -123,19 +99,25 @@ impl Session {
         }
         let mut op = self.new_op(wr_id, signaled)?;
         (op.total, op.local, op.rkey, op.addr, op.imm) = (total, local.into(), rkey, addr, imm);
-        Ok(Some(PreparedWrite {
-            op: self.finish_op(op)?,
-        }))
-    }
-
-    /// Queues a prepared write: `express` when the driver has put it into the link, else
-    /// (the link had no room) as an ordinary operation whose frames follow.
-    pub fn post_prepared(&mut self, w: PreparedWrite, express: bool) -> u64 {
-        let seq = self.enqueue(w.op, !express);
+        self.finish_op(&mut op)?;
+        let req = ExpressRequest {
+            seq: op.seq,
+            rkey,
+            addr,
+            imm,
+            len: total as u32,
+        };
+        let pieces: SmallVec<[(*const u8, usize); 2]> = local
+            .iter()
+            .filter(|s| s.len > 0)
+            .map(|s| (s.ptr() as *const u8, s.len))
+            .collect();
+        let express = send(&req, &pieces);
+        let seq = self.enqueue(op, !express);
         if express {
             self.express.push_back(seq);
         }
-        seq
+        Ok(Some(express))
     }
 
     /// Express writes sent and not yet answered.
@@ -197,30 +179,37 @@ impl Session {
             return Ok(ExpressAction::Stall);
         }
         let len = r.len as u64;
-        let status = match self
-            .registry
-            .check(r.rkey, r.addr, len, Access::REMOTE_WRITE)
-        {
-            Ok(pin) => {
-                let p = pin.ptr_at(r.addr as usize);
-                if len > 0
-                    && !self.reads_active.is_empty()
-                    && self.read_conflict(&[(p as usize, p as usize + len as usize)])
-                {
-                    self.rails[rail].stalled = true;
-                    return Ok(ExpressAction::Stall);
+        // SAFETY (both copies): `len` bytes inside the region (checked); file pages are
+        // written with a system call.
+        let copy = |p: *mut u8, file: bool| unsafe {
+            copy_maybe_fragile(payload.as_ptr(), p, payload.len(), file)
+        };
+        let placed = if self.reads_active.is_empty() {
+            self.registry
+                .with_checked(r.rkey, r.addr, len, Access::REMOTE_WRITE, |region| {
+                    copy(region.ptr_at(r.addr as usize), region.file().is_some())
+                })
+        } else {
+            // Read responses are sent from regions: bytes they still name are copied aside
+            // (or the write waits) first, as for a `Write` frame.
+            match self
+                .registry
+                .check(r.rkey, r.addr, len, Access::REMOTE_WRITE)
+            {
+                Ok(pin) => {
+                    let p = pin.ptr_at(r.addr as usize);
+                    if len > 0 && self.read_conflict(&[(p as usize, p as usize + len as usize)]) {
+                        self.rails[rail].stalled = true;
+                        return Ok(ExpressAction::Stall);
+                    }
+                    Ok(copy(p, pin.file().is_some()))
                 }
-                // SAFETY: `len` bytes inside the pinned region (checked above); file pages
-                // are written with a system call.
-                let placed = unsafe {
-                    copy_maybe_fragile(payload.as_ptr(), p, payload.len(), pin.file().is_some())
-                };
-                if placed {
-                    WireStatus::Ok
-                } else {
-                    WireStatus::RemoteAccess
-                }
+                Err(st) => Err(st),
             }
+        };
+        let status = match placed {
+            Ok(true) => WireStatus::Ok,
+            Ok(false) => WireStatus::RemoteAccess,
             Err(st) => st,
         };
         // A write with immediate that failed consumes no receive (as a `Write` frame).

@@ -299,11 +299,12 @@ impl Session {
                 (op.arg1, op.desc) = (remote.len() as u64, Some(encode_remote(&remote)));
             }
         }
-        self.finish_op(op)
+        self.finish_op(&mut op)?;
+        Ok(op)
     }
 
     /// The checks common to every operation, and what a write needs for relaxed placement.
-    pub(super) fn finish_op(&self, mut op: OutOp) -> Result<OutOp, PostError> {
+    pub(super) fn finish_op(&self, op: &mut OutOp) -> Result<(), PostError> {
         if matches!(op.opcode, Opcode::FetchAdd | Opcode::CompareSwap) && !op.addr.is_multiple_of(8)
         {
             return Err(PostError::Invalid(format!(
@@ -317,17 +318,14 @@ impl Session {
         if op.opcode == Opcode::Write {
             op.ranges = smallvec![(op.rkey, op.addr, op.addr + op.total)];
         }
-        if self.cfg.relaxed_placement
-            && matches!(op.opcode, Opcode::Write | Opcode::WriteV)
-            && op.total > 0
-        {
+        if self.relaxed() && matches!(op.opcode, Opcode::Write | Opcode::WriteV) && op.total > 0 {
             // Completed operations have executed at the target; every other earlier one must
             // commute with this write: a write to this write's key at disjoint ranges
             // (another key may name the same memory).
             op.bounds = bounds(&op.ranges);
             op.early = self.pending_writes.commutes(&op.ranges, op.bounds);
         }
-        Ok(op)
+        Ok(())
     }
 
     /// Queues an operation from [`Session::build_op`]; `send`: its frames are to be sent
@@ -336,7 +334,7 @@ impl Session {
         let seq = op.seq;
         debug_assert_eq!(seq, self.next_seq, "built for the next sequence number");
         self.next_seq += 1;
-        if self.cfg.relaxed_placement {
+        if self.relaxed() {
             self.pending_writes.add(seq, op.commuting_key(), &op.ranges);
         }
         self.ops.push_back(op);
@@ -395,7 +393,7 @@ impl Session {
             Some(f) if status.is_ok() => f,
             _ => status,
         };
-        if self.cfg.relaxed_placement && self.ops[i].done.is_none() {
+        if self.relaxed() && self.ops[i].done.is_none() {
             let op = &self.ops[i];
             self.pending_writes
                 .remove(op.seq, op.commuting_key(), &op.ranges);

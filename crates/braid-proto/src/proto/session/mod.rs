@@ -52,7 +52,7 @@ mod testkit;
 
 pub use crate::mem::region::Pieces;
 pub use config::SessionConfig;
-pub use express::{EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, PreparedWrite};
+pub use express::{EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest};
 pub use hedge::HedgeStats;
 use types::SgeList;
 pub use types::{Placement, PostError, ProtocolError, Request, RxAction, Transmit};
@@ -215,6 +215,13 @@ impl Session {
             dead_pending: 0,
             last_tick: None,
         }
+    }
+
+    /// Writes may be placed ahead of their turn: relaxed placement, over several rails
+    /// (one rail carries them in order, so none ever arrives early and nothing need be
+    /// indexed for it).
+    fn relaxed(&self) -> bool {
+        self.cfg.relaxed_placement && self.rails.len() > 1
     }
 
     /// The configuration.

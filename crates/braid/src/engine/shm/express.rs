@@ -4,6 +4,7 @@
 //! a status for each), instead of as a frame.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{Ordering, fence};
 
 use braid_proto::wire::WireStatus;
@@ -121,18 +122,20 @@ impl ShmLink {
             imm,
             len: len as u32,
         };
-        let mut payload = [0u8; EXPRESS_MAX];
+        let mut payload = [MaybeUninit::<u8>::uninit(); EXPRESS_MAX];
         // SAFETY: published bytes of the ring into a local buffer of at least `len`.
         unsafe {
             self.rx.copy(
                 c.tail + EXPRESS_HDR as u64,
-                payload.as_mut_ptr(),
+                payload.as_mut_ptr().cast(),
                 len,
                 false,
                 false,
             )
         };
-        let Some(st) = exec(&r, &payload[..len]) else {
+        // SAFETY: the first `len` bytes were written just now.
+        let payload = unsafe { std::slice::from_raw_parts(payload.as_ptr().cast::<u8>(), len) };
+        let Some(st) = exec(&r, payload) else {
             return Ok(ExpressTake::Stalled);
         };
         let ctrl = self.rx.ctrl();
@@ -155,7 +158,11 @@ impl ShmLink {
         {
             self.ring_bell();
         }
-        Ok(ExpressTake::Ran)
+        Ok(if ctrl.head.load(Ordering::Acquire) == c.tail {
+            ExpressTake::RanEmpty
+        } else {
+            ExpressTake::Ran
+        })
     }
 
     /// The tag of the record at ring position `at` (published).

@@ -650,6 +650,10 @@ impl Transport for ShmLink {
         self.unanswered_express()
     }
 
+    fn express_answered(&self) -> bool {
+        self.express_answers_waiting()
+    }
+
     fn reap_express(&self, f: &mut dyn FnMut(WireStatus)) -> io::Result<()> {
         self.read_express_answers(f)
     }
