@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use braid_proto::{EXPRESS_WINDOW, ExpressAction, PostError, Sge};
 
 use super::EndpointShared;
-use super::rx::RxStep;
+use super::rx::{ExpressStep, RxStep};
 use super::transport::ExpressTake;
 
 impl EndpointShared {
@@ -64,18 +64,6 @@ impl EndpointShared {
         }
         Ok(true)
     }
-}
-
-/// What [`RxRail::run_express`](super::rx::RxRail) found.
-pub(super) enum ExpressStep {
-    /// No express request next: read the link as usual.
-    Read,
-    /// The link is empty.
-    Empty,
-    /// One executed: look again.
-    Ran,
-    /// The loop ends (the request waits for a receive, or the rail failed).
-    End(RxStep),
 }
 
 impl super::rx::RxRail<'_> {

@@ -11,7 +11,6 @@ use braid_proto::mem::file::copy_maybe_fragile;
 use braid_proto::wire::{FrameHeader, HEADER_LEN};
 use braid_proto::{Placement, RxAction};
 
-use super::express::ExpressStep;
 use super::io::Received;
 use super::transport::Transport;
 use super::{EndpointShared, clock_ns};
@@ -103,6 +102,18 @@ enum RxState {
         left: usize,
     },
     Dead,
+}
+
+/// What `RxRail::run_express` (in `engine/express.rs`) found.
+pub(super) enum ExpressStep {
+    /// No express request next: read the link as usual.
+    Read,
+    /// The link is empty.
+    Empty,
+    /// One executed: look again.
+    Ran,
+    /// The loop ends (the request waits for a receive, or the rail failed).
+    End(RxStep),
 }
 
 /// Whether a rail's receive loop can go on.
