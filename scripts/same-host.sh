@@ -15,6 +15,9 @@
 # it receives (--touch) or not.
 # Every process it starts ends with the round (bench servers serve one client;
 # ucx_perftest servers one test).
+# SAME_HOST_PIN=1 runs the latency rows (braid and UCX alike) with the server on CPU 0 and
+# the client on CPU 1 (taskset): on a 2-core VM an unpinned ping-pong falls now and then
+# into a mode where both processes share a core.
 set -euo pipefail
 B=${1:?usage: same-host.sh BRAID [ROUNDS]}
 ROUNDS=${2:-3}
@@ -22,6 +25,8 @@ PORT=${SAME_HOST_PORT:-18950}
 command -v ucx_perftest >/dev/null || { echo "same-host: ucx_perftest missing (apt install ucx-utils)" >&2; exit 1; }
 
 pids=()
+# Set around the latency rows when pinning: prefixes for the server and the client.
+ps=(); pc=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
@@ -29,21 +34,21 @@ trap cleanup EXIT
 # EX=1 turns page exchange on (both sides).
 braid_run() {
     local t=$1; shift
-    BRAID_PAGE_EXCHANGE=${EX:-0} BRAID_TRANSPORT=$t "$B" bench server --listen 127.0.0.1:$PORT >/dev/null 2>&1 &
+    BRAID_PAGE_EXCHANGE=${EX:-0} BRAID_TRANSPORT=$t "${ps[@]}" "$B" bench server --listen 127.0.0.1:$PORT >/dev/null 2>&1 &
     pids+=($!)
     local srv=$!
-    BRAID_PAGE_EXCHANGE=${EX:-0} BRAID_TRANSPORT=$t "$B" bench "$@" --rails 127.0.0.1=127.0.0.1:$PORT 2>&1 | grep -E '^ +[0-9]' | tail -1
+    BRAID_PAGE_EXCHANGE=${EX:-0} BRAID_TRANSPORT=$t "${pc[@]}" "$B" bench "$@" --rails 127.0.0.1=127.0.0.1:$PORT 2>&1 | grep -E '^ +[0-9]' | tail -1
     wait "$srv" 2>/dev/null || true
 }
 
 # ucx TEST SIZE ITERS: one ucx_perftest pair; prints the "Final" line.
 ucx_run() {
-    UCX_TLS=shm,self ucx_perftest -p $((PORT + 1)) >/dev/null 2>&1 &
+    UCX_TLS=shm,self "${ps[@]}" ucx_perftest -p $((PORT + 1)) >/dev/null 2>&1 &
     pids+=($!)
     local srv=$!
     local out=""
     for _ in $(seq 50); do
-        out=$(UCX_TLS=shm,self timeout 60 ucx_perftest 127.0.0.1 -p $((PORT + 1)) -t "$1" -s "$2" -n "$3" 2>&1 | grep Final || true)
+        out=$(UCX_TLS=shm,self timeout 60 "${pc[@]}" ucx_perftest 127.0.0.1 -p $((PORT + 1)) -t "$1" -s "$2" -n "$3" 2>&1 | grep Final || true)
         [ -n "$out" ] && break
         sleep 0.1
     done
@@ -54,12 +59,14 @@ ucx_run() {
 for r in $(seq "$ROUNDS"); do
     echo "== round $r"
     # Latency: typical one-way (braid t_typical, UCX typical latency), microseconds.
+    if [ "${SAME_HOST_PIN:-0}" = 1 ]; then ps=(taskset -c 0); pc=(taskset -c 1); fi
     l=$(braid_run auto write-lat -s 8 -n 100000 --poll-only)
     echo "lat braid-shm 8B typical_us $(echo "$l" | awk '{print $6}')"
     u=$(ucx_run tag_lat 8 100000)
     echo "lat ucx-shm   8B typical_us $(echo "$u" | awk '{print $3}')"
     l=$(braid_run tcp write-lat -s 8 -n 100000 --poll-only)
     echo "lat braid-tcp 8B typical_us $(echo "$l" | awk '{print $6}')"
+    ps=(); pc=()
     # Bandwidth, MB/s (10^6): braid's BW column, UCX's average bandwidth (UCX prints MiB/s).
     for s in 4M 16M; do
         bytes=$((${s%M} << 20))

@@ -407,6 +407,7 @@ impl Context {
             answer_due: std::sync::atomic::AtomicBool::new(false),
             rail_sleepers: std::sync::atomic::AtomicUsize::new(0),
             tx_check: std::sync::atomic::AtomicBool::new(true),
+            polls: std::sync::atomic::AtomicU32::new(0),
         });
         let weak: Weak<dyn crate::cq::Driver> = Arc::downgrade(&shared) as Weak<EndpointShared>;
         opts.send_cq.attach(weak.clone());

@@ -34,7 +34,9 @@ impl EndpointShared {
         // The transmit lock before the session's, as a flush takes them.
         let mut tx = rail.tx.lock();
         let mut s = self.session.lock();
-        if s.wants_transmit(0) {
+        // Frames wait in the session only where a read made them (see `tx_check`; a post
+        // sends its own, and a framed operation outstanding keeps this write framed too).
+        if self.tx_check.load(Ordering::Acquire) && s.wants_transmit(0) {
             // Frames the session holds (a `Done` the peer waits for, say) go first: behind
             // this write they would arrive after the answer the peer waits for them with.
             drop(s);

@@ -44,13 +44,9 @@ const APP_POLL_HOLD_NS: u64 = 1_000_000;
 /// everything first.
 const CTRL_HOLD_NS: u64 = 20_000;
 
-/// A polling thread refreshes [`EndpointShared::app_polled`] once in this many polls.
+/// Polling threads refresh [`EndpointShared::app_polled`] once in this many polls of an
+/// endpoint.
 const POLL_MARK_EVERY: u32 = 32;
-
-thread_local! {
-    /// Polls made by this thread (see [`POLL_MARK_EVERY`]).
-    static POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
 
 /// Monotonic nanoseconds (`CLOCK_MONOTONIC`, never 0). Read straight, not as an
 /// `Instant` since a start: a busy-polling thread reads it on every poll, and the
@@ -187,6 +183,9 @@ pub(crate) struct EndpointShared {
     /// A read since a polling thread last asked the session for frames to send (or frames
     /// left then): the next poll asks again (see `progress_on_caller`).
     pub(crate) tx_check: AtomicBool,
+    /// Polls of this endpoint by application threads, counted loosely (see
+    /// [`POLL_MARK_EVERY`]).
+    pub(crate) polls: std::sync::atomic::AtomicU32,
     /// On the connecting side: starts re-dialling a failed rail.
     pub(crate) redial: Option<Box<dyn Fn(usize) + Send + Sync>>,
 }
@@ -261,17 +260,18 @@ impl EndpointShared {
         // The clock costs as much as the rest of an empty poll: a polling thread marks
         // itself every POLL_MARK_EVERY polls (and on its first), well within
         // APP_POLL_HOLD_NS at any polling rate that matters.
-        let now = POLLS.with(|n| {
-            let k = n.get().wrapping_add(1);
-            n.set(k);
+        // Per endpoint (a thread polling several must mark each), and not an atomic
+        // increment: two polling threads that count one poll once mark a poll late.
+        let k = self.polls.load(Ordering::Relaxed).wrapping_add(1);
+        self.polls.store(k, Ordering::Relaxed);
+        let now =
             if k.is_multiple_of(POLL_MARK_EVERY) || self.app_polled.load(Ordering::Relaxed) == 0 {
                 let now = clock_ns();
                 self.app_polled.store(now, Ordering::Release);
                 now
             } else {
                 0
-            }
-        });
+            };
         // What the previous poll's reading produced (acknowledgements, Done frames) goes out
         // first, unless it is control frames only, a receive completed since the last
         // flush, and a busy-polling thread has held them for less than CTRL_HOLD_NS: the
