@@ -23,6 +23,6 @@ pub mod wire;
 pub use error::{Completion, CompletionKind, Error, Status};
 pub use mem::{Access, Region, RegionOptions, Registry, RemoteKey, RemoteSge, Sge};
 pub use proto::{
-    EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, HedgeStats, Placement, PostError,
-    ProtocolError, Request, RxAction, Session, SessionConfig, Transmit, rate, session,
+    EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, ExpressTo, HedgeStats, Placement,
+    PostError, ProtocolError, Request, RxAction, Session, SessionConfig, Transmit, rate, session,
 };

@@ -13,7 +13,7 @@ use crate::cq::CompletionQueue;
 use crate::engine::{Command, EndpointShared, Engine};
 use braid_proto::error::Error;
 use braid_proto::mem::region::{RemoteKey, RemoteSge, Sge, sgl_len};
-use braid_proto::{PostError, Request, SessionConfig};
+use braid_proto::{ExpressTo, PostError, Request, SessionConfig};
 
 pub use batch::{Op, PostListError, WorkRequest};
 
@@ -282,23 +282,21 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Posts a write: a small one on a rail that carries express requests goes straight
-    /// into the link when the session lets it (see `EndpointShared::post_express`).
-    fn post_write(
+    /// Posts a write (`to` a region) or a send (`to` a receive): a small one on a rail that
+    /// carries express requests goes straight into the link when the session lets it (see
+    /// `EndpointShared::post_express`); `framed` makes the request otherwise.
+    fn post_small(
         &self,
         wr_id: u64,
         local: &[Sge],
-        remote: &RemoteKey,
-        addr: u64,
+        to: ExpressTo,
         imm: Option<u32>,
+        framed: impl FnOnce() -> Request,
     ) -> Result<(), Error> {
         let total = sgl_len(local);
         self.shared.send_cq.reserve()?;
         if total <= braid_proto::EXPRESS_MAX as u64 {
-            match self
-                .shared
-                .post_express(wr_id, local, remote.key, addr, imm, true)
-            {
+            match self.shared.post_express(wr_id, local, to, imm, true) {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
                 Err(e) => {
@@ -307,13 +305,27 @@ impl Endpoint {
                 }
             }
         }
-        let req = Request::Write {
+        self.post_reserved(wr_id, framed(), total)
+    }
+
+    fn post_write(
+        &self,
+        wr_id: u64,
+        local: &[Sge],
+        remote: &RemoteKey,
+        addr: u64,
+        imm: Option<u32>,
+    ) -> Result<(), Error> {
+        let to = ExpressTo::Region {
+            rkey: remote.key,
+            addr,
+        };
+        self.post_small(wr_id, local, to, imm, || Request::Write {
             local: local.to_vec(),
             rkey: remote.key,
             addr,
             imm,
-        };
-        self.post_reserved(wr_id, req, total)
+        })
     }
 
     /// Gets the posted frames moving: small ones from this thread, large ones by the engine.
@@ -457,28 +469,20 @@ impl Endpoint {
     /// Sends `local` into the peer's next posted receive. If the peer has none posted, the
     /// message waits (in the peer's socket buffer) until it posts one.
     pub fn send(&self, wr_id: u64, local: &[Sge]) -> Result<(), Error> {
-        let total = sgl_len(local);
-        self.post(
-            wr_id,
-            Request::Send {
-                local: local.to_vec(),
-                imm: None,
-            },
-            total,
-        )
+        self.post_small(wr_id, local, ExpressTo::Receive, None, || Request::Send {
+            local: local.to_vec(),
+            imm: None,
+        })
     }
 
     /// [`Endpoint::send`] with 32-bit immediate data delivered in the receive completion.
     pub fn send_with_imm(&self, wr_id: u64, local: &[Sge], imm: u32) -> Result<(), Error> {
-        let total = sgl_len(local);
-        self.post(
-            wr_id,
+        self.post_small(wr_id, local, ExpressTo::Receive, Some(imm), || {
             Request::Send {
                 local: local.to_vec(),
                 imm: Some(imm),
-            },
-            total,
-        )
+            }
+        })
     }
 
     /// Posts a buffer for the peer's next `send` (or `write_with_imm`). The regions need

@@ -304,3 +304,110 @@ fn a_peer_that_goes_away_fails_the_express_writes_it_never_answered() {
     }
     assert!(client.is_closed());
 }
+
+#[test]
+fn small_sends_go_express_into_the_receives_in_order() {
+    let p = shm_pair();
+    let src = p.client_ctx.alloc_region(64 << 10, Access::all()).unwrap();
+    let inbox = p.server_ctx.alloc_region(64 << 10, Access::all()).unwrap();
+    for i in 0..100u64 {
+        let len = 1 + (i as usize * 13) % 512;
+        let bytes = pattern(i, len);
+        src.write_at(0, &bytes).unwrap();
+        p.server
+            .post_recv(i, &[inbox.slice(0, 512).unwrap()])
+            .unwrap();
+        if i % 2 == 0 {
+            p.client.send(i, &[src.slice(0, len).unwrap()]).unwrap();
+        } else {
+            p.client
+                .send_with_imm(i, &[src.slice(0, len).unwrap()], i as u32)
+                .unwrap();
+        }
+        let c = next(&p.server_cq);
+        let imm = (i % 2 == 1).then_some(i as u32);
+        assert_eq!(
+            (c.wr_id, c.kind, c.status, c.byte_len, c.imm),
+            (i, CompletionKind::Recv, Status::Success, len as u64, imm)
+        );
+        assert_eq!(inbox.to_vec(0, len).unwrap(), bytes, "send {i}");
+        expect_ok(&p.client_cq, i);
+    }
+    assert_eq!(p.client.rail_bytes_sent(), vec![0], "no frame carried them");
+    // Too long for the receive: both sides see it fail, the next one goes on.
+    p.server
+        .post_recv(200, &[inbox.slice(0, 8).unwrap()])
+        .unwrap();
+    p.client.send(200, &[src.slice(0, 9).unwrap()]).unwrap();
+    let c = next(&p.server_cq);
+    assert_eq!((c.wr_id, c.status), (200, Status::LocalLengthError));
+    let c = next(&p.client_cq);
+    assert_eq!(c.wr_id, 200);
+    assert!(!c.status.is_ok(), "{c:?}");
+    // A large send goes framed, after the small one before it.
+    let big = pattern(9, 32 << 10);
+    src.write_at(0, &big).unwrap();
+    p.server
+        .post_recv(300, &[inbox.slice(0, 8).unwrap()])
+        .unwrap();
+    p.server
+        .post_recv(301, &[inbox.slice(8, 32 << 10).unwrap()])
+        .unwrap();
+    p.client.send(300, &[src.slice(0, 8).unwrap()]).unwrap();
+    p.client
+        .send(301, &[src.slice(0, 32 << 10).unwrap()])
+        .unwrap();
+    for wr in [300, 301] {
+        let c = next(&p.server_cq);
+        assert_eq!((c.wr_id, c.status), (wr, Status::Success));
+        expect_ok(&p.client_cq, wr);
+    }
+    assert_eq!(inbox.to_vec(8, 32 << 10).unwrap(), big);
+}
+
+/// A send's answer is reaped while the rail waits on the peer's next send: an echo server
+/// reposts a receive only once the echo that used its buffer completed, and that echo's
+/// answer comes beside the stream, not behind the stalled send.
+#[test]
+fn answers_are_reaped_while_the_rail_waits_for_a_receive() {
+    let p = shm_pair();
+    let ping = p.client_ctx.alloc_region(64, Access::all()).unwrap();
+    let pong_in = p.client_ctx.alloc_region(64, Access::all()).unwrap();
+    let buf = p.server_ctx.alloc_region(64, Access::all()).unwrap();
+    p.server.post_recv(1, &[buf.slice(0, 64).unwrap()]).unwrap();
+    for round in 0..20u64 {
+        p.client
+            .post_recv(round, &[pong_in.slice(0, 64).unwrap()])
+            .unwrap();
+        if round == 0 {
+            p.client.send(round, &[ping.slice(0, 8).unwrap()]).unwrap();
+        }
+        let c = next(&p.server_cq);
+        assert_eq!((c.kind, c.status), (CompletionKind::Recv, Status::Success));
+        // Echo from the receive's own buffer.
+        p.server
+            .send(100 + round, &[buf.slice(0, 8).unwrap()])
+            .unwrap();
+        // The client takes the echo and sends the next ping at once: it reaches the
+        // server's ring before the server has a receive for it.
+        loop {
+            let c = next(&p.client_cq);
+            assert_eq!(c.status, Status::Success, "{c:?}");
+            if c.kind == CompletionKind::Recv {
+                break;
+            }
+        }
+        p.client
+            .send(round + 1, &[ping.slice(0, 8).unwrap()])
+            .unwrap();
+        // The server waits for its echo to complete before it reposts the buffer.
+        loop {
+            let c = next(&p.server_cq);
+            assert_eq!(c.status, Status::Success, "{c:?}");
+            if c.wr_id == 100 + round {
+                break;
+            }
+        }
+        p.server.post_recv(1, &[buf.slice(0, 64).unwrap()]).unwrap();
+    }
+}

@@ -6,6 +6,6 @@ pub mod session;
 pub(crate) mod spans;
 
 pub use session::{
-    EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, HedgeStats, Placement, PostError,
-    ProtocolError, Request, RxAction, Session, SessionConfig, Transmit,
+    EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, ExpressTo, HedgeStats, Placement,
+    PostError, ProtocolError, Request, RxAction, Session, SessionConfig, Transmit,
 };

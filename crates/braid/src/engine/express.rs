@@ -5,14 +5,14 @@
 
 use std::sync::atomic::Ordering;
 
-use braid_proto::{EXPRESS_WINDOW, ExpressAction, PostError, Sge};
+use braid_proto::{EXPRESS_WINDOW, ExpressAction, ExpressTo, PostError, Sge};
 
 use super::EndpointShared;
 use super::rx::{ExpressStep, RxStep};
 use super::transport::ExpressTake;
 
 impl EndpointShared {
-    /// Posts a write of `local` to `rkey` at `addr` (with immediate `imm`) the express way
+    /// Posts a write or send of `local` (to `to`, with immediate `imm`) the express way
     /// when the endpoint's one rail carries express requests, nothing is being written on
     /// it, and the session lets it. True when it is posted (into the link, or as frames
     /// when the link had no room); false: post it as usual.
@@ -20,8 +20,7 @@ impl EndpointShared {
         &self,
         wr_id: u64,
         local: &[Sge],
-        rkey: u64,
-        addr: u64,
+        to: ExpressTo,
         imm: Option<u32>,
         signaled: bool,
     ) -> Result<bool, PostError> {
@@ -53,7 +52,7 @@ impl EndpointShared {
         // A link that fails here fails the rail for the reader too; the write then goes
         // the framed way and is failed with the others.
         let link = &tx.link;
-        let Some(express) = s.post_express(wr_id, local, rkey, addr, imm, signaled, |r, p| {
+        let Some(express) = s.post_express(wr_id, local, to, imm, signaled, |r, p| {
             matches!(link.send_express(r, p), Ok(true))
         })?
         else {

@@ -131,6 +131,14 @@ impl RxRail<'_> {
 
     /// Reads and executes frames until the socket is empty, the rail stalls, or it fails.
     fn run(&mut self) -> RxStep {
+        // Answers to this side's express requests come beside the stream, whatever holds
+        // the stream up: a rail stalled on the peer's send (no receive posted yet) must still
+        // complete the sends whose buffers the application reposts as receives.
+        if self.c.express
+            && let Some(step) = self.reap_express()
+        {
+            return step;
+        }
         // Every call reads at least once: it was called because bytes may have arrived.
         self.c.drained = false;
         loop {

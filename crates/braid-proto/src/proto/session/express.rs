@@ -30,9 +30,9 @@ use crate::mem::file::copy_maybe_fragile;
 use crate::mem::region::{Access, Sge, sgl_is_fragile, sgl_len};
 use crate::wire::{Opcode, WireStatus};
 
-use super::Session;
 use super::initiator::wire_status;
 use super::types::{PostError, ProtocolError};
+use super::{Session, sgl_pieces};
 
 /// The largest payload an express write carries: beyond it a copy through the link costs
 /// more than the frames it saves.
@@ -41,16 +41,28 @@ pub const EXPRESS_MAX: usize = 512;
 /// Most express writes outstanding at once (a driver keeps this many answers apart).
 pub const EXPRESS_WINDOW: usize = 64;
 
-/// What the target needs of an express write, besides its payload.
+/// Where an express request's payload goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpressTo {
+    /// A write: the region of key `rkey`, at `addr`.
+    Region {
+        /// The target region's key.
+        rkey: u64,
+        /// Where in the region.
+        addr: u64,
+    },
+    /// A send: the target's next posted receive.
+    Receive,
+}
+
+/// What the target needs of an express request, besides its payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExpressRequest {
     /// Its sequence number in the initiator's space.
     pub seq: u64,
-    /// The target region's key.
-    pub rkey: u64,
-    /// Where in the region.
-    pub addr: u64,
-    /// The immediate, for a write with immediate (consumes a posted receive).
+    /// Where the payload goes.
+    pub to: ExpressTo,
+    /// The immediate: a write with one consumes a posted receive; a send delivers it.
     pub imm: Option<u32>,
     /// Payload bytes (at most [`EXPRESS_MAX`]).
     pub len: u32,
@@ -68,20 +80,18 @@ pub enum ExpressAction {
 }
 
 impl Session {
-    /// Posts a write of `local` to `rkey` at `addr` (with immediate `imm`) the express way
+    /// Posts a write or a send of `local` (to `to`, with immediate `imm`) the express way
     /// when it may take it now: one rail, a payload of at most [`EXPRESS_MAX`] bytes of
-    /// plain memory, and nothing outstanding but express writes (fewer than
+    /// plain memory, and nothing outstanding but express requests (fewer than
     /// [`EXPRESS_WINDOW`]). `send` puts the request and its payload's pieces into the
     /// link, false when the link has no room. `Ok(None)`: not taken, nothing queued (post
     /// it with [`Session::post_with`]); `Ok(Some(true))`: sent; `Ok(Some(false))`: queued
     /// as an ordinary operation whose frames follow. Errors are those of `post_with`.
-    #[allow(clippy::too_many_arguments)]
     pub fn post_express(
         &mut self,
         wr_id: u64,
         local: &[Sge],
-        rkey: u64,
-        addr: u64,
+        to: ExpressTo,
         imm: Option<u32>,
         signaled: bool,
         send: impl FnOnce(&ExpressRequest, &[(*const u8, usize)]) -> bool,
@@ -98,12 +108,15 @@ impl Session {
             return Ok(None);
         }
         let mut op = self.new_op(wr_id, signaled)?;
-        (op.total, op.local, op.rkey, op.addr, op.imm) = (total, local.into(), rkey, addr, imm);
+        (op.total, op.local, op.imm) = (total, local.into(), imm);
+        match to {
+            ExpressTo::Region { rkey, addr } => (op.rkey, op.addr) = (rkey, addr),
+            ExpressTo::Receive => (op.kind, op.opcode) = (CompletionKind::Send, Opcode::Send),
+        }
         self.finish_op(&mut op)?;
         let req = ExpressRequest {
             seq: op.seq,
-            rkey,
-            addr,
+            to,
             imm,
             len: total as u32,
         };
@@ -173,12 +186,38 @@ impl Session {
                 frontier: self.frontier,
             });
         }
-        if r.imm.is_some() && self.recvs.is_empty() {
-            // As a write with immediate whose receiver is not ready: wait for a post_recv.
+        let needs_recv = r.imm.is_some() || r.to == ExpressTo::Receive;
+        if needs_recv && self.recvs.is_empty() {
+            // Receiver not ready: wait for a post_recv (verbs with infinite RNR retry).
             self.rails[rail].stalled = true;
             return Ok(ExpressAction::Stall);
         }
-        let len = r.len as u64;
+        let status = match r.to {
+            ExpressTo::Region { rkey, addr } => {
+                match self.express_write(rail, rkey, addr, r.imm, payload) {
+                    Some(st) => st,
+                    None => return Ok(ExpressAction::Stall),
+                }
+            }
+            ExpressTo::Receive => self.express_send(r.imm, payload),
+        };
+        // Retries whatever waited for this turn, then the rail moves past its request.
+        self.advance_frontier();
+        self.rails[rail].stalled = false;
+        Ok(ExpressAction::Done(status))
+    }
+
+    /// An express write's checks and copy, and for an immediate the receive it consumes
+    /// (there is one). `None`: it must wait (a read being answered from those bytes).
+    fn express_write(
+        &mut self,
+        rail: usize,
+        rkey: u64,
+        addr: u64,
+        imm: Option<u32>,
+        payload: &[u8],
+    ) -> Option<WireStatus> {
+        let len = payload.len() as u64;
         // SAFETY (both copies): `len` bytes inside the region (checked); file pages are
         // written with a system call.
         let copy = |p: *mut u8, file: bool| unsafe {
@@ -186,21 +225,18 @@ impl Session {
         };
         let placed = if self.reads_active.is_empty() {
             self.registry
-                .with_checked(r.rkey, r.addr, len, Access::REMOTE_WRITE, |region| {
-                    copy(region.ptr_at(r.addr as usize), region.file().is_some())
+                .with_checked(rkey, addr, len, Access::REMOTE_WRITE, |region| {
+                    copy(region.ptr_at(addr as usize), region.file().is_some())
                 })
         } else {
             // Read responses are sent from regions: bytes they still name are copied aside
             // (or the write waits) first, as for a `Write` frame.
-            match self
-                .registry
-                .check(r.rkey, r.addr, len, Access::REMOTE_WRITE)
-            {
+            match self.registry.check(rkey, addr, len, Access::REMOTE_WRITE) {
                 Ok(pin) => {
-                    let p = pin.ptr_at(r.addr as usize);
+                    let p = pin.ptr_at(addr as usize);
                     if len > 0 && self.read_conflict(&[(p as usize, p as usize + len as usize)]) {
                         self.rails[rail].stalled = true;
-                        return Ok(ExpressAction::Stall);
+                        return None;
                     }
                     Ok(copy(p, pin.file().is_some()))
                 }
@@ -213,7 +249,7 @@ impl Session {
             Err(st) => st,
         };
         // A write with immediate that failed consumes no receive (as a `Write` frame).
-        if let (Some(imm), WireStatus::Ok) = (r.imm, status) {
+        if let (Some(imm), WireStatus::Ok) = (imm, status) {
             let recv = self.recvs.pop_front().expect("checked non-empty");
             self.completions.push_back(Completion {
                 wr_id: recv.wr_id,
@@ -225,10 +261,42 @@ impl Session {
                 endpoint: self.endpoint_id,
             });
         }
-        // Retries whatever waited for this turn, then the rail moves past its request.
-        self.advance_frontier();
-        self.rails[rail].stalled = false;
-        Ok(ExpressAction::Done(status))
+        Some(status)
+    }
+
+    /// An express send: into the next posted receive (there is one), which completes
+    /// whatever happens, as with a `Send` frame.
+    fn express_send(&mut self, imm: Option<u32>, payload: &[u8]) -> WireStatus {
+        let recv = self.recvs.pop_front().expect("checked non-empty");
+        let len = payload.len() as u64;
+        let (status, local_status) = if len > recv.capacity {
+            (WireStatus::RemoteInvalidRequest, Status::LocalLengthError)
+        } else {
+            let fragile = sgl_is_fragile(&recv.local);
+            let mut off = 0;
+            let mut ok = true;
+            for (p, l) in sgl_pieces(&recv.local, 0, len, |p, l| (p, l)) {
+                // SAFETY: `l` bytes of a posted receive's registered memory; the payload
+                // has them at `off` (the pieces cover exactly `len`).
+                ok &= unsafe { copy_maybe_fragile(payload[off..].as_ptr(), p, l, fragile) };
+                off += l;
+            }
+            if ok {
+                (WireStatus::Ok, Status::Success)
+            } else {
+                (WireStatus::RemoteAccess, Status::LocalAccessError)
+            }
+        };
+        self.completions.push_back(Completion {
+            wr_id: recv.wr_id,
+            kind: CompletionKind::Recv,
+            status: local_status,
+            byte_len: if local_status.is_ok() { len } else { 0 },
+            imm,
+            value: None,
+            endpoint: self.endpoint_id,
+        });
+        status
     }
 }
 

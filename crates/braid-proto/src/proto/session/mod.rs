@@ -52,7 +52,7 @@ mod testkit;
 
 pub use crate::mem::region::Pieces;
 pub use config::SessionConfig;
-pub use express::{EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest};
+pub use express::{EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, ExpressTo};
 pub use hedge::HedgeStats;
 use types::SgeList;
 pub use types::{Placement, PostError, ProtocolError, Request, RxAction, Transmit};

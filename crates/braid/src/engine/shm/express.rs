@@ -8,17 +8,20 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{Ordering, fence};
 
 use braid_proto::wire::WireStatus;
-use braid_proto::{EXPRESS_MAX, ExpressRequest};
+use braid_proto::{EXPRESS_MAX, ExpressRequest, ExpressTo};
 
 use super::super::transport::{ExpressExec, ExpressTake};
 use super::ring::{Ctrl, EXPRESS_SLOTS};
 use super::{Cur, EXPRESS, ShmLink, broken};
 
 /// An express record's header: tag, flags, two zero bytes, the payload's length (u32), then
-/// sequence number, key and address (u64 each), the immediate (u32) and four zero bytes.
+/// sequence number, key and address (u64 each; zero for a send), the immediate (u32) and four
+/// zero bytes.
 pub(super) const EXPRESS_HDR: usize = 40;
 /// Flag: the request carries an immediate.
 const FLAG_IMM: u8 = 1;
+/// Flag: a send (into the next posted receive; key and address are zero).
+const FLAG_SEND: u8 = 2;
 
 /// What an express record adds to the stream counts that wake a sleeping reader.
 fn stream_len(len: usize) -> u64 {
@@ -49,11 +52,15 @@ impl ShmLink {
         }
         let mut h = [0u8; EXPRESS_HDR];
         h[0] = EXPRESS;
-        h[1] = if r.imm.is_some() { FLAG_IMM } else { 0 };
+        let (rkey, addr, send) = match r.to {
+            ExpressTo::Region { rkey, addr } => (rkey, addr, 0),
+            ExpressTo::Receive => (0, 0, FLAG_SEND),
+        };
+        h[1] = if r.imm.is_some() { FLAG_IMM } else { 0 } | send;
         h[4..8].copy_from_slice(&r.len.to_le_bytes());
         h[8..16].copy_from_slice(&r.seq.to_le_bytes());
-        h[16..24].copy_from_slice(&r.rkey.to_le_bytes());
-        h[24..32].copy_from_slice(&r.addr.to_le_bytes());
+        h[16..24].copy_from_slice(&rkey.to_le_bytes());
+        h[24..32].copy_from_slice(&addr.to_le_bytes());
         h[32..36].copy_from_slice(&r.imm.unwrap_or(0).to_le_bytes());
         // SAFETY: the record fits the free space at `head` (checked above).
         unsafe { self.tx.copy(head, h.as_mut_ptr(), EXPRESS_HDR, true, false) };
@@ -107,7 +114,9 @@ impl ShmLink {
         let u64_at = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().expect("8 bytes"));
         let len = u32_at(4) as usize;
         let imm = (h[1] & FLAG_IMM != 0).then(|| u32_at(32));
-        if h[1] & !FLAG_IMM != 0
+        let send = h[1] & FLAG_SEND != 0;
+        if h[1] & !(FLAG_IMM | FLAG_SEND) != 0
+            || (send && h[16..32] != [0; 16])
             || h[2..4] != [0, 0]
             || h[36..40] != [0; 4]
             || len > EXPRESS_MAX
@@ -117,8 +126,14 @@ impl ShmLink {
         }
         let r = ExpressRequest {
             seq: u64_at(8),
-            rkey: u64_at(16),
-            addr: u64_at(24),
+            to: if send {
+                ExpressTo::Receive
+            } else {
+                ExpressTo::Region {
+                    rkey: u64_at(16),
+                    addr: u64_at(24),
+                }
+            },
             imm,
             len: len as u32,
         };

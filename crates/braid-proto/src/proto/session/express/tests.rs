@@ -4,7 +4,7 @@ use crate::wire::WireStatus;
 
 use super::super::testkit::Pair;
 use super::super::{Request, SessionConfig};
-use super::{EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest};
+use super::{EXPRESS_MAX, EXPRESS_WINDOW, ExpressAction, ExpressRequest, ExpressTo};
 
 /// A write of `len` bytes of `src` to `key` at `addr`.
 struct W(Vec<Sge>, u64, u64, Option<u32>);
@@ -14,6 +14,13 @@ fn write(src: &Region, len: usize, key: &RemoteKey, addr: u64, imm: Option<u32>)
 }
 
 impl W {
+    fn to(&self) -> ExpressTo {
+        ExpressTo::Region {
+            rkey: self.1,
+            addr: self.2,
+        }
+    }
+
     fn framed(self) -> Request {
         Request::Write {
             local: self.0,
@@ -29,7 +36,7 @@ impl W {
 fn may_go_express(p: &mut Pair, side: usize, w: &W) -> bool {
     let mut asked = false;
     let r = p.s[side]
-        .post_express(1, &w.0, w.1, w.2, w.3, true, |_, _| {
+        .post_express(1, &w.0, w.to(), w.3, true, |_, _| {
             asked = true;
             false
         })
@@ -48,7 +55,7 @@ fn may_go_express(p: &mut Pair, side: usize, w: &W) -> bool {
 fn send(p: &mut Pair, wr_id: u64, req: W, signaled: bool) -> (ExpressRequest, Vec<u8>) {
     let mut out = None;
     let r = p.s[0]
-        .post_express(wr_id, &req.0, req.1, req.2, req.3, signaled, |r, pieces| {
+        .post_express(wr_id, &req.0, req.to(), req.3, signaled, |r, pieces| {
             let mut bytes = Vec::new();
             for &(ptr, l) in pieces {
                 let at = bytes.len();
@@ -81,7 +88,14 @@ fn an_express_write_with_immediate_places_its_bytes_consumes_a_receive_and_compl
         write(&src, 8, &dst.remote_key(), 16, Some(9)),
         true,
     );
-    assert_eq!((r.seq, r.len, r.imm, r.addr), (0, 8, Some(9), 16));
+    assert_eq!((r.seq, r.len, r.imm), (0, 8, Some(9)));
+    assert_eq!(
+        r.to,
+        ExpressTo::Region {
+            rkey: dst.remote_key().key,
+            addr: 16
+        }
+    );
     assert_eq!(p.s[0].express_outstanding(), 1);
     assert!(completions(&mut p, 0).is_empty(), "not before its answer");
     let act = p.s[1].on_express(0, &r, &bytes).unwrap();
@@ -315,4 +329,100 @@ fn an_unsignaled_express_write_completes_silently() {
     p.s[0].express_acked(WireStatus::Ok).unwrap();
     assert!(completions(&mut p, 0).is_empty());
     assert_eq!(p.s[0].take_unsignaled_done(), 1);
+}
+
+/// Side 0 sends `len` bytes of `src` (with `imm`) the express way, into side 1's next
+/// receive; returns what the target is handed.
+fn send_to_receive(
+    p: &mut Pair,
+    wr_id: u64,
+    src: &Region,
+    len: usize,
+    imm: Option<u32>,
+) -> (ExpressRequest, Vec<u8>) {
+    let local = [src.slice(0, len).unwrap()];
+    let mut out = None;
+    let r = p.s[0]
+        .post_express(wr_id, &local, ExpressTo::Receive, imm, true, |r, pieces| {
+            let mut bytes = Vec::new();
+            for &(ptr, l) in pieces {
+                let at = bytes.len();
+                bytes.resize(at + l, 0);
+                // SAFETY: the pieces of a live region's slice, into our own buffer.
+                unsafe { std::ptr::copy_nonoverlapping(ptr, bytes[at..].as_mut_ptr(), l) };
+            }
+            out = Some((*r, bytes));
+            true
+        })
+        .expect("a valid send");
+    assert_eq!(r, Some(true));
+    out.expect("sent")
+}
+
+#[test]
+fn an_express_send_fills_the_next_receive_across_its_pieces() {
+    let mut p = Pair::new(SessionConfig::default(), 1);
+    let src = p.region(0, 64, 0);
+    src.write_at(0, &(0u8..40).collect::<Vec<_>>()).unwrap();
+    let inbox = p.region(1, 64, 0xee);
+    let (r, bytes) = send_to_receive(&mut p, 3, &src, 40, Some(77));
+    assert_eq!(r.to, ExpressTo::Receive);
+    // No receive yet: it waits, and nothing is written.
+    assert_eq!(
+        p.s[1].on_express(0, &r, &bytes).unwrap(),
+        ExpressAction::Stall
+    );
+    // Two pieces: 16 bytes at 0, then 32 at 32.
+    p.s[1]
+        .post_recv(
+            9,
+            [inbox.slice(0, 16).unwrap(), inbox.slice(32, 32).unwrap()],
+        )
+        .unwrap();
+    assert_eq!(
+        p.s[1].on_express(0, &r, &bytes).unwrap(),
+        ExpressAction::Done(WireStatus::Ok)
+    );
+    let got = completions(&mut p, 1);
+    assert_eq!(
+        (
+            got[0].wr_id,
+            got[0].kind,
+            got[0].status,
+            got[0].byte_len,
+            got[0].imm
+        ),
+        (9, CompletionKind::Recv, Status::Success, 40, Some(77))
+    );
+    let mut want = (0u8..16).collect::<Vec<_>>();
+    want.extend(std::iter::repeat_n(0xee, 16));
+    want.extend(16u8..40);
+    want.extend(std::iter::repeat_n(0xee, 8));
+    assert_eq!(inbox.to_vec(0, 64).unwrap(), want);
+    p.s[0].express_acked(WireStatus::Ok).unwrap();
+    let got = completions(&mut p, 0);
+    assert_eq!(
+        (got[0].wr_id, got[0].kind, got[0].status),
+        (3, CompletionKind::Send, Status::Success)
+    );
+}
+
+#[test]
+fn an_express_send_longer_than_the_receive_fails_on_both_sides() {
+    let mut p = Pair::new(SessionConfig::default(), 1);
+    let src = p.region(0, 64, 5);
+    let inbox = p.region(1, 64, 0);
+    p.s[1].post_recv(9, [inbox.slice(0, 8).unwrap()]).unwrap();
+    let (r, bytes) = send_to_receive(&mut p, 3, &src, 9, None);
+    let act = p.s[1].on_express(0, &r, &bytes).unwrap();
+    assert_eq!(act, ExpressAction::Done(WireStatus::RemoteInvalidRequest));
+    let got = completions(&mut p, 1);
+    assert_eq!((got[0].wr_id, got[0].status), (9, Status::LocalLengthError));
+    assert_eq!(inbox.to_vec(0, 8).unwrap(), vec![0; 8], "nothing written");
+    p.s[0]
+        .express_acked(WireStatus::RemoteInvalidRequest)
+        .unwrap();
+    let got = completions(&mut p, 0);
+    assert_eq!((got[0].wr_id, got[0].kind), (3, CompletionKind::Send));
+    assert!(!got[0].status.is_ok());
 }
