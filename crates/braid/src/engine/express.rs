@@ -104,9 +104,34 @@ impl super::rx::RxRail<'_> {
                 self.ran_express = true;
                 ExpressStep::Empty
             }
-            Ok(ExpressTake::Stalled) => ExpressStep::End(RxStep::Wait),
+            Ok(ExpressTake::Stalled) => self.stalled_express(),
             Err(e) => ExpressStep::End(self.die(&format!("receive failed: {e}"))),
         }
+    }
+
+    /// The request at the link's head waits for a receive (a `post_recv` retries the rail).
+    /// A thread about to sleep still wants the answers to this side's requests: it arms the
+    /// link for them, reaping what came meanwhile (bounded: answers only grow to the
+    /// window, and each pass reaps them).
+    fn stalled_express(&mut self) -> ExpressStep {
+        if !self.arm {
+            return ExpressStep::End(RxStep::Wait);
+        }
+        for _ in 0..4 {
+            if self.c.link.express_unanswered() == 0 {
+                break;
+            }
+            match self.c.link.arm_for_answers() {
+                Ok(false) => break,
+                Ok(true) => {
+                    if let Some(step) = self.reap_express() {
+                        return ExpressStep::End(step);
+                    }
+                }
+                Err(e) => return ExpressStep::End(self.die(&format!("receive failed: {e}"))),
+            }
+        }
+        ExpressStep::End(RxStep::Wait)
     }
 
     /// Hands the answers to this side's express requests that arrived to the session. A

@@ -133,6 +133,11 @@ pub(crate) trait Transport: Send + Sync {
     fn express_answered(&self) -> bool {
         false
     }
+    /// A reader about to sleep while an express request it cannot execute yet heads the
+    /// link asks to be woken for answers (see [`Transport::arm`]); true when some are there.
+    fn arm_for_answers(&self) -> io::Result<bool> {
+        Ok(false)
+    }
     /// Hands the statuses of newly answered express requests to `f`, oldest first.
     fn reap_express(&self, _f: &mut dyn FnMut(WireStatus)) -> io::Result<()> {
         Ok(())

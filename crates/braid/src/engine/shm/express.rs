@@ -229,6 +229,22 @@ impl ShmLink {
         Ok(())
     }
 
+    /// Arms the ring for answers only, for a reader about to sleep while the record at its
+    /// head waits for a receive: stream bytes behind it cannot be read, but the answers to
+    /// this side's requests must still wake it. True when answers are there already.
+    pub(super) fn arm_for_answers(&self) -> io::Result<bool> {
+        self.drain_bell()?;
+        let c = self.rx.ctrl();
+        c.want.store(u64::MAX, Ordering::Relaxed);
+        c.reader_armed.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if self.express_answers_waiting() {
+            c.reader_armed.store(0, Ordering::Relaxed);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
     /// Rings the peer if it sleeps on this ring and what it waits for is there.
     pub(super) fn wake_reader(&self, c: &Ctrl, stream_head: u64) {
         if c.reader_armed.load(Ordering::Relaxed) != 0 {

@@ -189,7 +189,7 @@ impl ShmLink {
     }
 
     /// Reads the doorbells that woke us; an error once the peer's end is closed.
-    fn drain_bell(&self) -> io::Result<()> {
+    pub(super) fn drain_bell(&self) -> io::Result<()> {
         let mut buf = [0u8; 256];
         loop {
             // SAFETY: reads into a valid local buffer.
@@ -652,6 +652,10 @@ impl Transport for ShmLink {
 
     fn express_answered(&self) -> bool {
         self.express_answers_waiting()
+    }
+
+    fn arm_for_answers(&self) -> io::Result<bool> {
+        ShmLink::arm_for_answers(self)
     }
 
     fn reap_express(&self, f: &mut dyn FnMut(WireStatus)) -> io::Result<()> {
