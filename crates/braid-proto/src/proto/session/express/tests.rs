@@ -51,11 +51,18 @@ fn may_go_express(p: &mut Pair, side: usize, w: &W) -> bool {
     asked
 }
 
-/// Side 0 sends `req` the express way; returns what the target is handed.
-fn send(p: &mut Pair, wr_id: u64, req: W, signaled: bool) -> (ExpressRequest, Vec<u8>) {
+/// Side 0 posts `local` to `to` the express way; returns what the target is handed.
+fn post(
+    p: &mut Pair,
+    wr_id: u64,
+    local: &[Sge],
+    to: ExpressTo,
+    imm: Option<u32>,
+    signaled: bool,
+) -> (ExpressRequest, Vec<u8>) {
     let mut out = None;
     let r = p.s[0]
-        .post_express(wr_id, &req.0, req.to(), req.3, signaled, |r, pieces| {
+        .post_express(wr_id, local, to, imm, signaled, |r, pieces| {
             let mut bytes = Vec::new();
             for &(ptr, l) in pieces {
                 let at = bytes.len();
@@ -66,9 +73,14 @@ fn send(p: &mut Pair, wr_id: u64, req: W, signaled: bool) -> (ExpressRequest, Ve
             out = Some((*r, bytes));
             true
         })
-        .expect("a valid write");
-    assert_eq!(r, Some(true), "the write may go express");
+        .expect("a valid request");
+    assert_eq!(r, Some(true), "the request may go express");
     out.expect("sent")
+}
+
+/// Side 0 writes `req` the express way; returns what the target is handed.
+fn send(p: &mut Pair, wr_id: u64, req: W, signaled: bool) -> (ExpressRequest, Vec<u8>) {
+    post(p, wr_id, &req.0, req.to(), req.3, signaled)
 }
 
 fn completions(p: &mut Pair, side: usize) -> Vec<crate::error::Completion> {
@@ -341,22 +353,7 @@ fn send_to_receive(
     imm: Option<u32>,
 ) -> (ExpressRequest, Vec<u8>) {
     let local = [src.slice(0, len).unwrap()];
-    let mut out = None;
-    let r = p.s[0]
-        .post_express(wr_id, &local, ExpressTo::Receive, imm, true, |r, pieces| {
-            let mut bytes = Vec::new();
-            for &(ptr, l) in pieces {
-                let at = bytes.len();
-                bytes.resize(at + l, 0);
-                // SAFETY: the pieces of a live region's slice, into our own buffer.
-                unsafe { std::ptr::copy_nonoverlapping(ptr, bytes[at..].as_mut_ptr(), l) };
-            }
-            out = Some((*r, bytes));
-            true
-        })
-        .expect("a valid send");
-    assert_eq!(r, Some(true));
-    out.expect("sent")
+    post(p, wr_id, &local, ExpressTo::Receive, imm, true)
 }
 
 #[test]
