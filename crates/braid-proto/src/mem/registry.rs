@@ -157,23 +157,24 @@ impl Registry {
         Ok(f(inner))
     }
 
-    /// The checks of [`Registry::check_in`] on a region already looked up (and pinned).
+    /// The checks of [`Registry::check_in`] on a region already looked up (and pinned, or
+    /// held under the table's lock).
     pub(crate) fn check_pin(
-        pin: &RegionInner,
+        region: &RegionInner,
         key: u64,
         addr: u64,
         len: u64,
         need: Access,
         ends: &mut FileEnds,
     ) -> Result<(), WireStatus> {
-        if !pin.access().contains(need) {
+        if !region.access().contains(need) {
             return Err(WireStatus::RemoteAccess);
         }
         let end = addr.checked_add(len).ok_or(WireStatus::RemoteAccess)?;
-        if end > pin.len() as u64 {
+        if end > region.len() as u64 {
             return Err(WireStatus::RemoteAccess);
         }
-        if let Some(f) = pin.file()
+        if let Some(f) = region.file()
             && len > 0
         {
             let readable = match ends.0.iter().find(|e| e.0 == key) {

@@ -272,12 +272,6 @@ impl EndpointShared {
             } else {
                 0
             };
-        // What the previous poll's reading produced (acknowledgements, Done frames) goes out
-        // first, unless it is control frames only, a receive completed since the last
-        // flush, and a busy-polling thread has held them for less than CTRL_HOLD_NS: the
-        // answer the application posts meanwhile carries them in the same send. Without
-        // such a receive nothing here is about to answer (see `answer_due`): a `Done` or an
-        // atomic's response goes at once; acknowledgements are still held.
         // Only reading makes frames that a poll must send (a post sends its own, the
         // engine what its tick and its reads make): while no read found anything, the
         // session is not asked, nor locked.
@@ -287,6 +281,12 @@ impl EndpointShared {
             // made its frames before, and they are seen below.
             self.tx_check.store(false, Ordering::Release);
         }
+        // What the previous poll's reading produced (acknowledgements, Done frames) goes out
+        // first, unless it is control frames only, a receive completed since the last
+        // flush, and a busy-polling thread has held them for less than CTRL_HOLD_NS: the
+        // answer the application posts meanwhile carries them in the same send. Without
+        // such a receive nothing here is about to answer (see `answer_due`): a `Done` or an
+        // atomic's response goes at once; acknowledgements are still held.
         let answer_due = self.answer_due.load(Ordering::Acquire);
         let (data, ctrl, urgent) = if !ask {
             (false, false, false)
@@ -325,9 +325,8 @@ impl EndpointShared {
                 changed |= self.rx_try_run(rail);
             }
         }
-        if changed {
-            self.tx_check.store(true, Ordering::Release);
-        }
+        // (`tx_check` is set already: by a read that found something, or above when frames
+        // waited.)
         if changed && self.session.lock().rx_retry_pending() {
             self.kicker.kick(self.id);
         }

@@ -253,14 +253,14 @@ impl ShmLink {
         if used == 0 {
             return Ok(false);
         }
-        // Stream bytes end at an express request: the caller executes it between frames.
-        if self.rx_tag(c.tail) == EXPRESS {
-            return Ok(false);
-        }
         let mut h = [0u8; REF_HDR];
         let n = (used as usize).min(REF_HDR);
         // SAFETY: `n` bytes into a local buffer, within the ring's published bytes.
         unsafe { self.rx.copy(c.tail, h.as_mut_ptr(), n, false, false) };
+        // Stream bytes end at an express request: the caller executes it between frames.
+        if h[0] == EXPRESS {
+            return Ok(false);
+        }
         let len = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes")) as u64;
         if n < INLINE_HDR || h[1..4] != [0, 0, 0] || len == 0 {
             return Err(broken(format!("bad record header {:02x?}", &h[..n])));
