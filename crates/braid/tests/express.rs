@@ -1,7 +1,9 @@
-//! Express writes over a same-host ring (docs/PROTOCOL.md, "Express writes"): a write of
-//! up to 512 B goes into the ring as one record and is answered beside the stream, with the
-//! semantics of a framed write: the target's protection checks, order with the framed
-//! operations around it, a receive per immediate, and a completion for every operation.
+//! Express writes (docs/PROTOCOL.md, "Express writes"): a write or send of up to 512 B on a
+//! one-rail endpoint goes as one record (a same-host ring: answered beside the stream) or
+//! one `Express` frame (TCP: answered in the next express frame the other way, or by an
+//! `ExpressAnswer`), with the semantics of a framed operation: the target's protection
+//! checks, order with the framed operations around it, a receive per immediate, and a
+//! completion for every operation. Every test runs over both links.
 
 mod common;
 
@@ -10,18 +12,50 @@ use std::time::{Duration, Instant};
 use braid::{Access, CompletionKind, RailTransport, Status};
 use common::{Pair, WAIT, expect_ok, next, pair_over, pattern};
 
-fn shm_pair() -> Pair {
-    pair_over(RailTransport::Auto, "shm", 1, |_| {})
+/// A one-rail pair over a same-host ring (`"shm"`) or a TCP connection (`"tcp"`).
+fn pair(link: &str) -> Pair {
+    let transport = match link {
+        "shm" => RailTransport::Auto,
+        _ => RailTransport::Tcp,
+    };
+    pair_over(transport, link, 1, |_| {})
 }
+
+/// Runs each named test over both links: `shm::name` and `tcp::name`.
+macro_rules! over_both_links {
+    ($($name:ident),* $(,)?) => {
+        mod shm {
+            $(#[test]
+            fn $name() {
+                super::$name(super::pair("shm"))
+            })*
+        }
+        mod tcp {
+            $(#[test]
+            fn $name() {
+                super::$name(super::pair("tcp"))
+            })*
+        }
+    };
+}
+
+over_both_links!(
+    small_writes_go_around_the_frames_and_arrive_whole_and_in_order,
+    express_and_framed_writes_keep_their_order,
+    a_refused_express_write_fails_alone_and_the_endpoint_goes_on,
+    an_express_write_with_immediate_waits_for_a_receive,
+    blocked_waiters_are_woken_by_express_writes_and_their_answers,
+    a_peer_that_goes_away_fails_the_express_writes_it_never_answered,
+    small_sends_go_express_into_the_receives_in_order,
+    answers_are_reaped_while_the_rail_waits_for_a_receive,
+);
 
 /// Polls `cq` (driving the endpoint's progress) `polls` times; the completions seen.
 fn poll_for(cq: &braid::CompletionQueue, polls: usize) -> Vec<braid::Completion> {
     (0..polls).filter_map(|_| cq.poll()).collect()
 }
 
-#[test]
-fn small_writes_go_around_the_frames_and_arrive_whole_and_in_order() {
-    let p = shm_pair();
+fn small_writes_go_around_the_frames_and_arrive_whole_and_in_order(p: Pair) {
     let dst = p.server_ctx.alloc_region(128 << 10, Access::all()).unwrap();
     let src = p.client_ctx.alloc_region(128 << 10, Access::all()).unwrap();
     let inbox = p.server_ctx.alloc_region(64, Access::all()).unwrap();
@@ -73,9 +107,7 @@ fn small_writes_go_around_the_frames_and_arrive_whole_and_in_order() {
     assert_eq!(dst.to_vec(0, 4096).unwrap(), pattern(7, 4096));
 }
 
-#[test]
-fn express_and_framed_writes_keep_their_order() {
-    let p = shm_pair();
+fn express_and_framed_writes_keep_their_order(p: Pair) {
     let dst = p.server_ctx.alloc_region(256 << 10, Access::all()).unwrap();
     let src = p.client_ctx.alloc_region(256 << 10, Access::all()).unwrap();
     let inbox = p.server_ctx.alloc_region(64, Access::all()).unwrap();
@@ -124,9 +156,7 @@ fn express_and_framed_writes_keep_their_order() {
     }
 }
 
-#[test]
-fn a_refused_express_write_fails_alone_and_the_endpoint_goes_on() {
-    let p = shm_pair();
+fn a_refused_express_write_fails_alone_and_the_endpoint_goes_on(p: Pair) {
     let dst = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
     let readonly = p
         .server_ctx
@@ -163,9 +193,7 @@ fn a_refused_express_write_fails_alone_and_the_endpoint_goes_on() {
     assert_eq!(dst.to_vec(0, 8).unwrap(), vec![9; 8]);
 }
 
-#[test]
-fn an_express_write_with_immediate_waits_for_a_receive() {
-    let p = shm_pair();
+fn an_express_write_with_immediate_waits_for_a_receive(p: Pair) {
     let dst = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
     let src = p.client_ctx.alloc_region(64, Access::all()).unwrap();
     let inbox = p.server_ctx.alloc_region(64, Access::all()).unwrap();
@@ -192,11 +220,9 @@ fn an_express_write_with_immediate_waits_for_a_receive() {
     assert_eq!(dst.to_vec(0, 8).unwrap(), vec![5; 8]);
 }
 
-#[test]
-fn blocked_waiters_are_woken_by_express_writes_and_their_answers() {
-    let p = shm_pair();
+fn blocked_waiters_are_woken_by_express_writes_and_their_answers(p: Pair) {
     for cq in [&p.server_cq, &p.client_cq] {
-        // Sleep at once: only the ring's doorbell can wake them.
+        // Sleep at once: only the link (a ring's doorbell, a readable socket) wakes them.
         cq.set_spin(Duration::ZERO);
     }
     let dst = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
@@ -275,9 +301,7 @@ fn blocked_waiters_are_woken_by_express_writes_and_their_answers() {
     }
 }
 
-#[test]
-fn a_peer_that_goes_away_fails_the_express_writes_it_never_answered() {
-    let p = shm_pair();
+fn a_peer_that_goes_away_fails_the_express_writes_it_never_answered(p: Pair) {
     let dst = p.server_ctx.alloc_region(4096, Access::all()).unwrap();
     let src = p.client_ctx.alloc_region(64, Access::all()).unwrap();
     // No receive at the target: the write waits there, unanswered.
@@ -305,9 +329,7 @@ fn a_peer_that_goes_away_fails_the_express_writes_it_never_answered() {
     assert!(client.is_closed());
 }
 
-#[test]
-fn small_sends_go_express_into_the_receives_in_order() {
-    let p = shm_pair();
+fn small_sends_go_express_into_the_receives_in_order(p: Pair) {
     let src = p.client_ctx.alloc_region(64 << 10, Access::all()).unwrap();
     let inbox = p.server_ctx.alloc_region(64 << 10, Access::all()).unwrap();
     for i in 0..100u64 {
@@ -368,9 +390,7 @@ fn small_sends_go_express_into_the_receives_in_order() {
 /// A send's answer is reaped while the rail waits on the peer's next send: an echo server
 /// reposts a receive only once the echo that used its buffer completed, and that echo's
 /// answer comes beside the stream, not behind the stalled send.
-#[test]
-fn answers_are_reaped_while_the_rail_waits_for_a_receive() {
-    let p = shm_pair();
+fn answers_are_reaped_while_the_rail_waits_for_a_receive(p: Pair) {
     let ping = p.client_ctx.alloc_region(64, Access::all()).unwrap();
     let pong_in = p.client_ctx.alloc_region(64, Access::all()).unwrap();
     let buf = p.server_ctx.alloc_region(64, Access::all()).unwrap();

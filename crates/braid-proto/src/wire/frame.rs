@@ -9,13 +9,16 @@ use thiserror::Error;
 use super::layout::{get_array, get_u16, get_u32, get_u64, put};
 
 /// Protocol version carried in every frame header and in the rail handshake.
-pub const PROTOCOL_VERSION: u8 = 3;
+pub const PROTOCOL_VERSION: u8 = 4;
 
 /// Size of the fixed frame header in bytes.
 pub const HEADER_LEN: usize = 64;
 
 /// Largest payload a single frame may carry (16 MiB): larger chunks are refused as malformed.
 pub const MAX_FRAME_PAYLOAD: u32 = 16 << 20;
+
+/// Largest payload of an [`Opcode::Express`] frame.
+pub const MAX_EXPRESS_PAYLOAD: u32 = 512;
 
 /// Frame kinds. Requests (`Write` .. `CompareSwap`) travel in the initiator's sequence space
 /// and are executed by the target strictly in sequence order; the rest are responses and
@@ -43,6 +46,14 @@ pub enum Opcode {
     /// One chunk of a vectored write's data: bytes `[arg1, arg1 + payload_len)` of the
     /// operation's `arg0` bytes, placed through its scatter/gather list.
     WriteVData = 8,
+    /// A whole small write (`arg1` = 0, to `rkey`/`addr`) or send (`arg1` = 1, into the next
+    /// posted receive; `rkey` and `addr` zero) of at most [`MAX_EXPRESS_PAYLOAD`] bytes, with
+    /// immediate `aux` under [`FLAG_IMM`], answered without a `Done`: by the count in `arg0`
+    /// of a later `Express` frame the other way (that many of its sender's express requests
+    /// succeeded, oldest first), or by an [`Opcode::ExpressAnswer`]. Sent outside the rail's
+    /// byte count (it is never retransmitted: only endpoints of one rail send it). See
+    /// docs/PROTOCOL.md, "Express writes".
+    Express = 9,
     /// One chunk of the data answering a read request.
     ReadResponse = 16,
     /// Result of an atomic: the word's original value in `arg0`, status in `aux`.
@@ -57,6 +68,9 @@ pub enum Opcode {
     RailDown = 21,
     /// First frame on a re-established rail: the sender's byte count on this rail starts at `arg0`.
     RailRestore = 22,
+    /// Answers the receiver's `arg0` oldest unanswered [`Opcode::Express`] requests: all
+    /// succeeded but the last, whose [`WireStatus`] is `aux`.
+    ExpressAnswer = 23,
 }
 
 impl Opcode {
@@ -71,6 +85,7 @@ impl Opcode {
             6 => Opcode::WriteV,
             7 => Opcode::ReadV,
             8 => Opcode::WriteVData,
+            9 => Opcode::Express,
             16 => Opcode::ReadResponse,
             17 => Opcode::AtomicResponse,
             18 => Opcode::Done,
@@ -78,6 +93,7 @@ impl Opcode {
             20 => Opcode::Close,
             21 => Opcode::RailDown,
             22 => Opcode::RailRestore,
+            23 => Opcode::ExpressAnswer,
             _ => return None,
         })
     }
@@ -180,6 +196,10 @@ pub enum FrameError {
     /// Unknown opcode.
     #[error("unknown opcode {0}")]
     Opcode(u8),
+    /// An express request with a payload over [`MAX_EXPRESS_PAYLOAD`], a kind other than
+    /// write or send, a flag other than [`FLAG_IMM`], or a send naming a region.
+    #[error("malformed express request: {0}")]
+    Express(&'static str),
     /// A flag this version does not define.
     #[error("unknown flags {0:#06x}")]
     Flags(u16),
@@ -288,6 +308,19 @@ impl FrameHeader {
                     total: self.arg0,
                 });
             }
+        } else if self.opcode == Opcode::Express {
+            if self.payload_len > MAX_EXPRESS_PAYLOAD {
+                return Err(FrameError::Express("payload over 512 bytes"));
+            }
+            if self.flags & !FLAG_IMM != 0 {
+                return Err(FrameError::Express("flags other than the immediate's"));
+            }
+            match self.arg1 {
+                0 => {}
+                1 if self.rkey == 0 && self.addr == 0 => {}
+                1 => return Err(FrameError::Express("a send names a region")),
+                _ => return Err(FrameError::Express("neither a write nor a send")),
+            }
         } else if self.opcode.is_descriptor() {
             let max = crate::wire::sgl::MAX_REMOTE_SGE as u64;
             if self.arg1 == 0 || self.arg1 > max {
@@ -306,6 +339,7 @@ impl FrameHeader {
         }
         let span = match self.opcode {
             Opcode::Write | Opcode::Send | Opcode::ReadRequest => self.arg0,
+            Opcode::Express => self.payload_len.into(),
             Opcode::FetchAdd | Opcode::CompareSwap => 8,
             _ => 0,
         };
@@ -410,6 +444,62 @@ mod tests {
     fn round_trip() {
         let h = sample();
         assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));
+    }
+
+    #[test]
+    fn express_frames_are_whole_small_writes_or_sends() {
+        let mut h = FrameHeader::new(Opcode::Express);
+        h.payload_len = MAX_EXPRESS_PAYLOAD;
+        h.rkey = 5;
+        h.addr = 64;
+        h.flags = FLAG_IMM;
+        assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));
+        let refused = |h: FrameHeader| {
+            assert!(
+                matches!(
+                    FrameHeader::decode(&h.encode()),
+                    Err(FrameError::Express(_))
+                ),
+                "{h:?}"
+            )
+        };
+        refused(FrameHeader {
+            payload_len: MAX_EXPRESS_PAYLOAD + 1,
+            ..h
+        });
+        refused(FrameHeader {
+            flags: FLAG_ACK_REQ,
+            ..h
+        });
+        refused(FrameHeader { arg1: 2, ..h });
+        // A send names no region.
+        refused(FrameHeader { arg1: 1, ..h });
+        let send = FrameHeader {
+            arg1: 1,
+            rkey: 0,
+            addr: 0,
+            ..h
+        };
+        assert_eq!(FrameHeader::decode(&send.encode()), Ok(send));
+        assert_eq!(
+            FrameHeader::decode(
+                &FrameHeader {
+                    addr: u64::MAX - 8,
+                    ..h
+                }
+                .encode()
+            ),
+            Err(FrameError::AddressOverflow)
+        );
+        // An answer carries no payload.
+        let mut a = FrameHeader::new(Opcode::ExpressAnswer);
+        a.arg0 = 3;
+        assert_eq!(FrameHeader::decode(&a.encode()), Ok(a));
+        a.payload_len = 1;
+        assert!(matches!(
+            FrameHeader::decode(&a.encode()),
+            Err(FrameError::UnexpectedPayload(..))
+        ));
     }
 
     #[test]

@@ -5,5 +5,7 @@ pub mod handshake;
 mod layout;
 pub mod sgl;
 
-pub use frame::{FrameError, FrameHeader, HEADER_LEN, Opcode, PROTOCOL_VERSION, WireStatus};
+pub use frame::{
+    FrameError, FrameHeader, HEADER_LEN, MAX_EXPRESS_PAYLOAD, Opcode, PROTOCOL_VERSION, WireStatus,
+};
 pub use handshake::{HandshakeError, HandshakeStatus, Hello, HelloReply, SameHostOffer};

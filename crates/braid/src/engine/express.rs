@@ -5,11 +5,14 @@
 
 use std::sync::atomic::Ordering;
 
+use braid_proto::session::Pieces;
+use braid_proto::wire::HEADER_LEN;
 use braid_proto::{EXPRESS_WINDOW, ExpressAction, ExpressTo, PostError, Sge};
 
 use super::EndpointShared;
 use super::rx::{ExpressStep, RxStep};
 use super::transport::ExpressTake;
+use super::tx::Flush;
 
 impl EndpointShared {
     /// Posts a write or send of `local` (to `to`, with immediate `imm`) the express way
@@ -28,7 +31,7 @@ impl EndpointShared {
             return Ok(false);
         };
         if !rail.express.load(Ordering::Acquire) {
-            return Ok(false);
+            return self.post_express_frame(wr_id, local, to, imm, signaled);
         }
         // The transmit lock before the session's, as a flush takes them.
         let mut tx = rail.tx.lock();
@@ -62,6 +65,66 @@ impl EndpointShared {
         drop(tx);
         if !express {
             self.flush_all();
+        }
+        Ok(true)
+    }
+}
+
+/// Most pieces (header and payload) of an express frame sent straight to the link; more
+/// go through the batch.
+const EXPRESS_PIECES: usize = 64;
+
+impl EndpointShared {
+    /// [`EndpointShared::post_express`] on a link that carries only frames (TCP): the
+    /// request goes as one `Express` frame, behind the frames the session holds (a `Done`
+    /// the peer waits for before it posts the receive this request needs, say), in one send.
+    fn post_express_frame(
+        &self,
+        wr_id: u64,
+        local: &[Sge],
+        to: ExpressTo,
+        imm: Option<u32>,
+        signaled: bool,
+    ) -> Result<bool, PostError> {
+        let io = &self.rails[0];
+        let mut tx = io.tx.lock();
+        // A batch being written (the link was full) goes on first, through the flush.
+        if !tx.batch.is_empty() {
+            return Ok(false);
+        }
+        let mut s = self.session.lock();
+        let Some(frame) = s.post_express_frame(wr_id, local, to, imm, signaled)? else {
+            return Ok(false);
+        };
+        let held = self.tx_check.load(Ordering::Acquire) && s.wants_transmit(0);
+        if held {
+            self.top_up(0, &mut tx, &mut s);
+        }
+        drop(s);
+        // Whatever a polling thread held back goes with it.
+        self.ctrl_held_since.store(0, Ordering::Release);
+        self.answer_due.store(false, Ordering::Release);
+        if !held && frame.payload.len() < EXPRESS_PIECES {
+            // Alone: straight to the link, without the batch (the usual case).
+            let mut pieces = Pieces::new();
+            pieces.push((frame.header.as_ptr(), HEADER_LEN));
+            pieces.extend_from_slice(&frame.payload);
+            let stable = [false; EXPRESS_PIECES];
+            match tx.link.send(&pieces, 0, false, &stable[..pieces.len()]) {
+                Ok(n) if n == frame.len() => return Ok(true),
+                Ok(n) => tx.off = n,
+                Err(_) => {}
+            }
+        }
+        // The rest goes the batch's way (a full link, an error, frames held before it).
+        tx.batch.push_back(frame);
+        let r = self.flush_locked(0, &mut tx);
+        io.tx_blocked
+            .store(matches!(r, Ok(Flush::Blocked)), Ordering::Release);
+        drop(tx);
+        if let Err(e) = r {
+            // The request is outstanding: the failed rail fails it with the session.
+            self.fail_rail(0, &format!("send failed: {e}"));
         }
         Ok(true)
     }

@@ -8,15 +8,17 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use braid_proto::mem::file::copy_maybe_fragile;
-use braid_proto::wire::{FrameHeader, HEADER_LEN};
-use braid_proto::{Placement, RxAction};
+use braid_proto::wire::{FrameHeader, HEADER_LEN, MAX_EXPRESS_PAYLOAD, Opcode};
+use braid_proto::{ExpressAction, Placement, RxAction};
 
 use super::io::Received;
 use super::transport::Transport;
 use super::{EndpointShared, clock_ns};
 
-/// Receive buffer for headers and small payloads; larger payloads bypass it.
+/// Receive buffer for headers and small payloads; larger payloads bypass it. An `Express`
+/// frame is executed from it, so one fits whole.
 const RX_BUF: usize = 1024;
+const _: () = assert!(HEADER_LEN + MAX_EXPRESS_PAYLOAD as usize <= RX_BUF);
 /// After a payload at least this large, read the next header exactly, so that the bulk of
 /// the following chunk is not pulled through the small buffer (one copy, not two).
 const BULK_PAYLOAD: u32 = 16 << 10;
@@ -204,6 +206,11 @@ impl RxRail<'_> {
                         }
                     }
                     match FrameHeader::decode(&self.c.buf[self.c.start..self.c.end]) {
+                        Ok(h) if h.opcode == Opcode::Express => {
+                            if let Some(step) = self.express_frame(h) {
+                                return step;
+                            }
+                        }
                         Ok(h) => {
                             // The payload is not all here yet: wait for it before the
                             // session sees the header.
@@ -360,6 +367,54 @@ impl RxRail<'_> {
                     }
                 }
             }
+        }
+    }
+
+    /// An `Express` frame at the buffer's start: executed once all of it is in the buffer
+    /// (it fits: see `RX_BUF`), which it leaves then; a stalled one stays for the retry.
+    /// `Some` ends the receive loop; `None`: go on (executed, or more bytes read).
+    fn express_frame(&mut self, h: FrameHeader) -> Option<RxStep> {
+        let need = HEADER_LEN + h.payload_len as usize;
+        if self.buffered() < need {
+            if self.c.start > 0 {
+                self.c.buf.copy_within(self.c.start..self.c.end, 0);
+                self.c.end -= self.c.start;
+                self.c.start = 0;
+            }
+            if !self.c.drained {
+                let room = RX_BUF - self.c.end;
+                self.clock = None;
+                match self.c.link.recv(&mut self.c.buf[self.c.end..]) {
+                    Ok(0) => return Some(self.die("peer closed the connection")),
+                    Ok(n) => {
+                        self.c.end += n;
+                        self.c.drained = n < room;
+                        self.c.read_since_idle = true;
+                        return None;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Some(self.die(&format!("receive failed: {e}"))),
+                }
+            }
+            self.set_lowat(need - self.buffered());
+            return self.wait();
+        }
+        self.c.read_since_idle = true;
+        self.found = true;
+        let payload = &self.c.buf[self.c.start + HEADER_LEN..self.c.start + need];
+        let mut s = self.ep.session.lock();
+        let r = s.on_express_frame(self.rail, &h, payload);
+        // Answers it carried may have completed this side's requests.
+        self.ep.deliver(&mut s);
+        drop(s);
+        match r {
+            Ok(ExpressAction::Done(_)) => {
+                self.c.start += need;
+                self.c.bulk = false;
+                None
+            }
+            Ok(ExpressAction::Stall) => Some(RxStep::Wait),
+            Err(e) => Some(self.die(&format!("protocol error: {e}"))),
         }
     }
 

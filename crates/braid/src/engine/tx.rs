@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::Instant;
 
-use braid_proto::Transmit;
 use braid_proto::wire::HEADER_LEN;
+use braid_proto::{Session, Transmit};
 
 use super::EndpointShared;
 use super::transport::Transport;
@@ -146,16 +146,32 @@ impl EndpointShared {
         Ok(Flush::Idle)
     }
 
+    /// Tops the batch up with the session's frames for `rail`: several small frames (a
+    /// `Done` and the next request, say) leave in one system call. True when the session
+    /// had no more.
+    pub(super) fn top_up(&self, rail: usize, tx: &mut TxState, s: &mut Session) -> bool {
+        let mut bytes: usize = tx.batch.iter().map(Transmit::len).sum::<usize>() - tx.off;
+        // One clock read per batch: a batch leaves in one system call.
+        let now = Instant::now();
+        while tx.batch.len() < BATCH_FRAMES && bytes < BATCH_BYTES {
+            match s.poll_transmit(rail, now) {
+                Some(t) => {
+                    bytes += t.len();
+                    tx.batch.push_back(t);
+                }
+                None => return true,
+            }
+        }
+        false
+    }
+
     pub(super) fn flush_locked(&self, rail: usize, tx: &mut TxState) -> std::io::Result<Flush> {
         loop {
             // The session had nothing more when the batch was topped up: once the batch is
             // out, there is no need to ask again (a thread that gives the session more
             // frames flushes them itself, after this one lets the transmit lock go), unless
             // a read response went out, whose news may free more.
-            let mut exhausted = false;
-            {
-                // Top the batch up: several small frames (a Done and the next request, say)
-                // leave in one system call.
+            let mut exhausted = {
                 let mut s = self.session.lock();
                 if !s.rail_alive(rail) {
                     // Whatever was half-written is in the session's log, to be sent elsewhere.
@@ -164,22 +180,8 @@ impl EndpointShared {
                     tx.solo = false;
                     return Ok(Flush::Idle);
                 }
-                let mut bytes: usize = tx.batch.iter().map(Transmit::len).sum::<usize>() - tx.off;
-                // One clock read per batch: a batch leaves in one system call.
-                let now = Instant::now();
-                while tx.batch.len() < BATCH_FRAMES && bytes < BATCH_BYTES {
-                    match s.poll_transmit(rail, now) {
-                        Some(t) => {
-                            bytes += t.len();
-                            tx.batch.push_back(t);
-                        }
-                        None => {
-                            exhausted = true;
-                            break;
-                        }
-                    }
-                }
-            }
+                self.top_up(rail, tx, &mut s)
+            };
             if tx.batch.is_empty() {
                 return Ok(Flush::Idle);
             }

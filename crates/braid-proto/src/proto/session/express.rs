@@ -23,20 +23,19 @@
 //! session fails with it (no rail is left to fail over to), and every outstanding operation,
 //! express writes included, completes with [`Status::TransportError`](crate::Status).
 
-use smallvec::SmallVec;
-
 use crate::error::{Completion, CompletionKind, Status};
 use crate::mem::file::copy_maybe_fragile;
-use crate::mem::region::{Access, Sge, sgl_is_fragile, sgl_len};
-use crate::wire::{Opcode, WireStatus};
+use crate::mem::region::{Access, Pieces, Sge, sgl_is_fragile, sgl_len};
+use crate::wire::frame::FLAG_IMM;
+use crate::wire::{FrameHeader, MAX_EXPRESS_PAYLOAD, Opcode, WireStatus};
 
-use super::initiator::wire_status;
-use super::types::{PostError, ProtocolError};
+use super::initiator::{OutOp, wire_status};
+use super::types::{Keep, PostError, ProtocolError, Transmit};
 use super::{Session, sgl_pieces};
 
 /// The largest payload an express write carries: beyond it a copy through the link costs
 /// more than the frames it saves.
-pub const EXPRESS_MAX: usize = 512;
+pub const EXPRESS_MAX: usize = MAX_EXPRESS_PAYLOAD as usize;
 
 /// Most express writes outstanding at once (a driver keeps this many answers apart).
 pub const EXPRESS_WINDOW: usize = 64;
@@ -96,6 +95,71 @@ impl Session {
         signaled: bool,
         send: impl FnOnce(&ExpressRequest, &[(*const u8, usize)]) -> bool,
     ) -> Result<Option<bool>, PostError> {
+        let Some((op, req)) = self.express_op(wr_id, local, to, imm, signaled)? else {
+            return Ok(None);
+        };
+        let express = send(&req, &express_pieces(local));
+        let seq = self.enqueue(op, !express);
+        if express {
+            self.express.push_back(seq);
+        }
+        Ok(Some(express))
+    }
+
+    /// [`Session::post_express`] for a link that carries only frames (a TCP rail): the
+    /// request goes as one [`Opcode::Express`] frame, returned here for the driver to send
+    /// behind what [`Session::poll_transmit`] still has for the rail (its payload is the
+    /// caller's memory, kept by the frame). The frame carries the answers owed to the peer's
+    /// express requests when they all succeeded (otherwise they go first, as
+    /// [`Opcode::ExpressAnswer`] frames). `Ok(None)`: not taken, nothing queued; also
+    /// when the endpoint checks payloads with a CRC, which express frames do not carry.
+    pub fn post_express_frame(
+        &mut self,
+        wr_id: u64,
+        local: &[Sge],
+        to: ExpressTo,
+        imm: Option<u32>,
+        signaled: bool,
+    ) -> Result<Option<Transmit>, PostError> {
+        if self.cfg.payload_crc {
+            return Ok(None);
+        }
+        let Some((op, req)) = self.express_op(wr_id, local, to, imm, signaled)? else {
+            return Ok(None);
+        };
+        let mut h = FrameHeader::new(Opcode::Express);
+        h.payload_len = req.len;
+        h.seq = req.seq;
+        match to {
+            ExpressTo::Region { rkey, addr } => (h.rkey, h.addr) = (rkey, addr),
+            ExpressTo::Receive => h.arg1 = 1,
+        }
+        if let Some(imm) = imm {
+            h.flags |= FLAG_IMM;
+            h.aux = imm;
+        }
+        h.arg0 = self.take_express_answers();
+        let t = Transmit {
+            header: h.encode(),
+            payload: express_pieces(local).into_iter().collect(),
+            read_response: None,
+            _keep: Some(Keep::Regions(local.into())),
+        };
+        let seq = self.enqueue(op, false);
+        self.express.push_back(seq);
+        Ok(Some(t))
+    }
+
+    /// The checks of an express request, and its operation built for the next sequence
+    /// number (not queued yet). `None`: it does not go the express way.
+    fn express_op(
+        &self,
+        wr_id: u64,
+        local: &[Sge],
+        to: ExpressTo,
+        imm: Option<u32>,
+        signaled: bool,
+    ) -> Result<Option<(OutOp, ExpressRequest)>, PostError> {
         let total = sgl_len(local);
         if total > EXPRESS_MAX as u64
             || sgl_is_fragile(local)
@@ -120,17 +184,105 @@ impl Session {
             imm,
             len: total as u32,
         };
-        let pieces: SmallVec<[(*const u8, usize); 2]> = local
+        Ok(Some((op, req)))
+    }
+
+    /// Answers owed to the peer's express requests, taken off the control queue to ride on
+    /// an `Express` frame: their count when one `ExpressAnswer` is queued and it holds only
+    /// successes; 0 otherwise (they go as frames, in order).
+    fn take_express_answers(&mut self) -> u64 {
+        let ctrl = &mut self.rails[0].ctrl;
+        let mut answers = ctrl
             .iter()
-            .filter(|s| s.len > 0)
-            .map(|s| (s.ptr() as *const u8, s.len))
-            .collect();
-        let express = send(&req, &pieces);
-        let seq = self.enqueue(op, !express);
-        if express {
-            self.express.push_back(seq);
+            .enumerate()
+            .filter(|(_, h)| h.opcode == Opcode::ExpressAnswer);
+        match (answers.next(), answers.next()) {
+            (Some((i, h)), None) if h.aux == WireStatus::Ok as u32 => {
+                let n = h.arg0;
+                ctrl.remove(i);
+                n
+            }
+            _ => 0,
         }
-        Ok(Some(express))
+    }
+
+    /// Queues the answer to the peer's express request that arrived in a frame: counted into
+    /// the last `ExpressAnswer` queued while that one holds only successes.
+    fn queue_express_answer(&mut self, rail: usize, st: WireStatus) {
+        let ctrl = &mut self.rails[rail].ctrl;
+        if let Some(h) = ctrl.back_mut()
+            && h.opcode == Opcode::ExpressAnswer
+            && h.aux == WireStatus::Ok as u32
+            && h.arg0 < EXPRESS_WINDOW as u64
+        {
+            h.arg0 += 1;
+            h.aux = st as u32;
+            return;
+        }
+        let mut h = FrameHeader::new(Opcode::ExpressAnswer);
+        h.arg0 = 1;
+        h.aux = st as u32;
+        ctrl.push_back(h);
+    }
+
+    /// Takes `n` answers to this side's express requests, all successes but the last, whose
+    /// status is `last`. More answers than requests outstanding is a protocol error.
+    pub(super) fn express_answers(
+        &mut self,
+        n: u64,
+        last: WireStatus,
+    ) -> Result<(), ProtocolError> {
+        if n == 0 || n > self.express.len() as u64 {
+            return Err(ProtocolError::UnknownOperation {
+                opcode: Opcode::ExpressAnswer,
+                seq: n,
+            });
+        }
+        for k in 1..=n {
+            self.express_acked(if k == n { last } else { WireStatus::Ok })?;
+        }
+        Ok(())
+    }
+
+    /// Executes the peer's [`Opcode::Express`] frame `h` that arrived on `rail` with its
+    /// `payload` (see [`Session::on_express`]); the answer is queued as a control frame
+    /// (see [`Session::wants_reply_transmit`]) or rides on this side's next express frame.
+    /// The answers the frame carries for this side's express requests are taken first, once
+    /// however often a stalled frame is offered.
+    pub fn on_express_frame(
+        &mut self,
+        rail: usize,
+        h: &FrameHeader,
+        payload: &[u8],
+    ) -> Result<ExpressAction, ProtocolError> {
+        if h.opcode != Opcode::Express || self.rails.len() != 1 {
+            return Err(ProtocolError::UnknownOperation {
+                opcode: h.opcode,
+                seq: h.seq,
+            });
+        }
+        if h.arg0 > 0 && self.express_answers_seen != Some(h.seq) {
+            self.express_answers(h.arg0, WireStatus::Ok)?;
+            self.express_answers_seen = Some(h.seq);
+        }
+        let r = ExpressRequest {
+            seq: h.seq,
+            to: if h.arg1 == 1 {
+                ExpressTo::Receive
+            } else {
+                ExpressTo::Region {
+                    rkey: h.rkey,
+                    addr: h.addr,
+                }
+            },
+            imm: (h.flags & FLAG_IMM != 0).then_some(h.aux),
+            len: h.payload_len,
+        };
+        let action = self.on_express(rail, &r, payload)?;
+        if let ExpressAction::Done(st) = action {
+            self.queue_express_answer(rail, st);
+        }
+        Ok(action)
     }
 
     /// Express writes sent and not yet answered.
@@ -300,5 +452,16 @@ impl Session {
     }
 }
 
+/// An express request's payload pieces: plain memory, empty pieces left out.
+fn express_pieces(local: &[Sge]) -> Pieces<(*const u8, usize)> {
+    local
+        .iter()
+        .filter(|s| s.len > 0)
+        .map(|s| (s.ptr() as *const u8, s.len))
+        .collect()
+}
+
+#[cfg(test)]
+mod frame_tests;
 #[cfg(test)]
 mod tests;

@@ -92,6 +92,9 @@ pub struct Session {
     /// Sequence numbers of the express writes in `ops` not answered yet, oldest first (see
     /// `express`).
     express: VecDeque<u64>,
+    /// The peer's last `Express` frame whose answers to this side were taken (a frame
+    /// offered again after a stall must not count them twice).
+    express_answers_seen: Option<u64>,
     tx_req: VecDeque<ReqCursor>,
     tx_resp: VecDeque<RespCursor>,
     /// Alternates data frames between requests and responses.
@@ -181,6 +184,7 @@ impl Session {
             next_seq: 0,
             ops: VecDeque::new(),
             express: VecDeque::new(),
+            express_answers_seen: None,
             tx_req: VecDeque::new(),
             tx_resp: VecDeque::new(),
             prefer_resp: false,

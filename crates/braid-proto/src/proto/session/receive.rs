@@ -193,6 +193,13 @@ impl Session {
         }
         match h.opcode {
             Opcode::RailAck => Ok(RxAction::Done),
+            Opcode::ExpressAnswer => {
+                let st = WireStatus::from_u32(h.aux).ok_or(ProtocolError::BadStatus(h.aux))?;
+                self.express_answers(h.arg0, st)?;
+                Ok(RxAction::Done)
+            }
+            // Executed by the driver with its payload (`on_express_frame`), never offered.
+            Opcode::Express => Err(unknown()),
             Opcode::Close => Err(ProtocolError::PeerClosed),
             // Only valid as the first frame of a re-established rail (handled above).
             Opcode::RailRestore => Err(unknown()),

@@ -7,12 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::Completion;
-use crate::mem::region::{Access, Region};
+use crate::mem::region::{Access, Region, Sge};
 use crate::mem::registry::Registry;
-use crate::wire::FrameHeader;
 use crate::wire::frame::HEADER_LEN;
+use crate::wire::{FrameHeader, Opcode};
 
-use super::{ProtocolError, Request, RxAction, Session, SessionConfig};
+use super::{
+    ExpressAction, ExpressTo, ProtocolError, Request, RxAction, Session, SessionConfig, Transmit,
+};
 
 /// Changes a frame before it enters its pipe: (sending side, rail, frame bytes).
 pub(super) type Tamper = Box<dyn FnMut(usize, usize, &mut Vec<u8>)>;
@@ -74,6 +76,29 @@ impl Pair {
         self.s[side].post(wr_id, req).expect("post");
     }
 
+    /// Side `side` posts `local` to `to` as an express frame on rail 0, behind the frames
+    /// its session holds (as braid's driver sends it); false when the session does not
+    /// take it the express way.
+    pub(super) fn post_express_frame(
+        &mut self,
+        side: usize,
+        wr_id: u64,
+        local: &[Sge],
+        to: ExpressTo,
+        imm: Option<u32>,
+        signaled: bool,
+    ) -> bool {
+        let Some(t) = self.s[side]
+            .post_express_frame(wr_id, local, to, imm, signaled)
+            .expect("a valid request")
+        else {
+            return false;
+        };
+        while self.tx_one(side, 0) {}
+        self.put(side, 0, t);
+        true
+    }
+
     /// Side `side` hands out at most one frame on `rail`; true if it did.
     pub(super) fn tx_one(&mut self, side: usize, rail: usize) -> bool {
         if self.dead[rail] {
@@ -82,6 +107,12 @@ impl Pair {
         let Some(t) = self.s[side].poll_transmit(rail, self.now) else {
             return false;
         };
+        self.put(side, rail, t);
+        true
+    }
+
+    /// Frame `t` of side `side` enters `rail`'s pipe.
+    fn put(&mut self, side: usize, rail: usize, t: Transmit) {
         let mut bytes = Vec::with_capacity(t.len());
         bytes.extend_from_slice(&t.header);
         for &(p, l) in &t.payload {
@@ -100,7 +131,6 @@ impl Pair {
             f(side, rail, &mut bytes);
         }
         self.pipes[rail][side].push_back(bytes);
-        true
     }
 
     /// Side `side` reads at most one frame on `rail`; true if it did.
@@ -114,6 +144,19 @@ impl Pair {
             return false;
         };
         let h = FrameHeader::decode(&frame[..HEADER_LEN]).expect("header");
+        if h.opcode == Opcode::Express {
+            match self.s[side].on_express_frame(rail, &h, &frame[HEADER_LEN..]) {
+                Err(e) => {
+                    self.errors[side].push((rail, e));
+                    self.dead[rail] = true;
+                }
+                Ok(ExpressAction::Stall) => self.stalled[rail][side] = true,
+                Ok(ExpressAction::Done(_)) => {
+                    self.pipes[rail][from].pop_front();
+                }
+            }
+            return true;
+        }
         match self.s[side].on_frame(rail, &h, self.now) {
             Err(e) => {
                 self.errors[side].push((rail, e));

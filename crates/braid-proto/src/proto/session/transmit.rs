@@ -111,17 +111,21 @@ impl Session {
         r.alive && (!r.ctrl.is_empty() || self.needs_ack_req(rail))
     }
 
-    /// True when `rail` has a `Done` or an atomic's response queued: control frames that
-    /// complete an operation the peer waits for, unlike an acknowledgement. A driver that
+    /// True when `rail` has a `Done`, an atomic's response or an express answer queued:
+    /// control frames that complete an operation the peer waits for, unlike an
+    /// acknowledgement. A driver that
     /// holds control frames back for the application's next request to carry holds these
     /// only when that request is likely to come soon.
     pub fn wants_reply_transmit(&self, rail: usize) -> bool {
         let r = &self.rails[rail];
         r.alive
             && !r.ctrl.is_empty()
-            && r.ctrl
-                .iter()
-                .any(|h| matches!(h.opcode, Opcode::Done | Opcode::AtomicResponse))
+            && r.ctrl.iter().any(|h| {
+                matches!(
+                    h.opcode,
+                    Opcode::Done | Opcode::AtomicResponse | Opcode::ExpressAnswer
+                )
+            })
     }
 
     /// True when `rail` may send no more data, has bytes unacknowledged, and none of them
