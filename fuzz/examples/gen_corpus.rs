@@ -58,6 +58,13 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) {
     fs::write(dir.join(name), bytes).unwrap();
 }
 
+/// An express header carrying immediate 7.
+fn imm_express(mut h: FrameHeader) -> FrameHeader {
+    h.flags = FLAG_IMM;
+    h.aux = 7;
+    h
+}
+
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
     let dirs = ["frame_header", "handshake", "session_rx", "fs_proto"].map(|d| {
@@ -106,6 +113,16 @@ fn main() {
             h
         }),
         ("close", FrameHeader::new(Opcode::Close)),
+        (
+            "express_write_imm",
+            imm_express(hdr(Opcode::Express, 5, 1, 64, 2, 0, 8)),
+        ),
+        ("express_send", hdr(Opcode::Express, 6, 0, 0, 0, 1, 512)),
+        ("express_answer", {
+            let mut h = hdr(Opcode::ExpressAnswer, 0, 0, 0, 3, 0, 0);
+            h.aux = 1;
+            h
+        }),
         (
             "max_payload",
             hdr(Opcode::Write, 9, 1, 0, 16 << 20, 0, 16 << 20),
@@ -426,7 +443,37 @@ fn main() {
                 }),
         ),
     ];
-    for (name, s) in seeds.into_iter().chain(v2) {
+    // Express frames (one rail). With 0x20 the session's own requests 0 and 1 are express
+    // ones (a write with immediate, a send), which the peer's frames answer.
+    let express = vec![
+        (
+            "express_write_imm",
+            Seq::new(0).frame(0x40, imm_express(hdr(Opcode::Express, 0, 0, 100, 0, 0, 8))),
+        ),
+        (
+            "express_sends",
+            Seq::new(0)
+                .frame(0, hdr(Opcode::Express, 0, 0, 0, 0, 1, 16))
+                .frame(0x40, hdr(Opcode::Express, 1, 0, 0, 0, 1, 100)),
+        ),
+        (
+            "express_answered",
+            Seq::new(0x20)
+                .frame(0, imm_express(hdr(Opcode::Express, 0, 0, 8, 1, 0, 4)))
+                .frame(0x40, {
+                    let mut h = hdr(Opcode::ExpressAnswer, 0, 0, 0, 1, 0, 0);
+                    h.aux = 2;
+                    h
+                }),
+        ),
+        (
+            "express_then_framed",
+            Seq::new(0x20)
+                .frame(0, hdr(Opcode::Express, 0, 0, 200, 2, 0, 8))
+                .frame(0x40, hdr(Opcode::Write, 1, 0, 0, 32, 0, 32)),
+        ),
+    ];
+    for (name, s) in seeds.into_iter().chain(v2).chain(express) {
         write(d, name, &s.0);
     }
     let long = Seq::new(0)

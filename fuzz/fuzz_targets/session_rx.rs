@@ -1,7 +1,8 @@
 //! The receive side of a [`Session`] fed with whatever a malicious or broken peer could send.
 //!
-//! Input: one configuration byte (`cfg % 4 + 1` rails; bit 0x10: payload CRC32C), then
-//! records, each
+//! Input: one configuration byte (`cfg % 4 + 1` rails; bit 0x10: payload CRC32C; bit 0x20,
+//! with one rail: the session first posts two express requests, a write with immediate and a
+//! send, as `Express` frames, so that answers can name them), then records, each
 //!
 //! ```text
 //!   ctl: u8            rail = (ctl & 0x1f) % rails
@@ -23,7 +24,8 @@
 //! list of a `WriteV`/`ReadV` payload.
 //!
 //! The harness drives the session as the engine does: a frame offered on a rail whose
-//! previous frame stalled waits behind it until `take_rx_retry` names the rail; `Place`
+//! previous frame stalled waits behind it until `take_rx_retry` names the rail; an
+//! `Express` frame goes whole to `on_express_frame` (cut short: the rail is lost); `Place`
 //! payload bytes are written through the given pointers, `Discard` ones are skipped, then
 //! `payload_done`; an `Err` (or an input ending inside a payload) loses the rail.
 //!
@@ -41,8 +43,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use braid_proto::mem::Registry;
-use braid_proto::{Request, RxAction, Session, SessionConfig, Transmit};
-use braid_proto::wire::FrameHeader;
+use braid_proto::{ExpressAction, ExpressTo, Request, RxAction, Session, SessionConfig, Transmit};
+use braid_proto::wire::{FrameHeader, Opcode};
 use braid_proto::wire::frame::HEADER_LEN;
 use braid_proto::wire::sgl::SGE_LEN;
 use braid_proto::{Access, Region, RemoteKey, RemoteSge, Sge};
@@ -133,7 +135,7 @@ fn strict() -> bool {
 }
 
 impl Harness {
-    fn new(rails: usize, payload_crc: bool) -> Harness {
+    fn new(rails: usize, payload_crc: bool, express: bool) -> Harness {
         let reg = Arc::new(Registry::default());
         let rw = Region::allocate_in(&reg, 1000, Access::all()).unwrap();
         let ro = Region::allocate_in(&reg, 200, Access::REMOTE_READ).unwrap();
@@ -190,8 +192,36 @@ impl Harness {
             fault_rx: false,
             now: Instant::now(),
         };
+        if express {
+            h.post_express();
+        }
         h.post_initial();
         h
+    }
+
+    /// Two express requests (seq 0 and 1), taken the express way on an endpoint of one
+    /// rail without a CRC; their frames are dropped (the peer's answers are the input).
+    fn post_express(&mut self) {
+        let rw = self.mem.rw.clone();
+        let to = ExpressTo::Region {
+            rkey: self.mem.keys[0],
+            addr: 32,
+        };
+        let posts = [
+            (20, to, Some(4)),
+            (21, ExpressTo::Receive, None),
+        ];
+        for (wr, to, imm) in posts {
+            let local = [rw.slice(40, 24).unwrap()];
+            match self.s.post_express_frame(wr, &local, to, imm, true) {
+                Ok(Some(t)) => {
+                    self.check_transmit(&t);
+                    self.open.insert(wr);
+                }
+                Ok(None) => {}
+                Err(e) => panic!("express post refused: {e}"),
+            }
+        }
     }
 
     /// Operations of our own, so that the peer's responses can name something (seq 0..=6),
@@ -365,6 +395,21 @@ impl Harness {
     /// Offers one frame to the session and carries out its answer.
     fn offer(&mut self, rail: usize, h: &FrameHeader, payload: &[u8], complete: bool) -> Offer {
         self.now += Duration::from_micros(500);
+        if h.opcode == Opcode::Express {
+            if !complete {
+                return Offer::Lost;
+            }
+            let r = self.s.on_express_frame(rail, h, payload);
+            if trace() {
+                eprintln!("rail {rail}: {h:?}\n  -> express {r:?}");
+            }
+            self.drain_completions();
+            return match r {
+                Ok(ExpressAction::Done(_)) => Offer::Ok,
+                Ok(ExpressAction::Stall) => Offer::Stalled,
+                Err(_) => Offer::Lost,
+            };
+        }
         let action = match self.s.on_frame(rail, h, self.now) {
             Ok(a) => a,
             Err(e) => {
@@ -530,7 +575,7 @@ fn run(data: &[u8]) {
         return;
     };
     let rails = 1 + (cfg as usize % 4);
-    let mut hx = Harness::new(rails, cfg & 0x10 != 0);
+    let mut hx = Harness::new(rails, cfg & 0x10 != 0, cfg & 0x20 != 0);
     while !rest.is_empty() {
         let ctl = rest[0];
         rest = &rest[1..];
