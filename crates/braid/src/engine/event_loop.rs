@@ -228,7 +228,17 @@ impl EngineLoop {
                         // Its clocks start with its first tick.
                         next_tick = Instant::now();
                     }
-                    Command::Kick(id) => touched.push(id),
+                    Command::Kick(id) => {
+                        // A thread that polls the endpoint kicks it too (a receive posted
+                        // while frames wait): the reads are left to it again at once, or
+                        // each of its posts would wake this thread to read beside it.
+                        if let Some((ep, _)) = self.endpoints.get(&id).cloned()
+                            && ep.app_polling(clock_ns())
+                        {
+                            self.mute(&ep);
+                        }
+                        touched.push(id);
+                    }
                     Command::Close(id) => self.close(id),
                     Command::Mute(id) => {
                         if let Some((ep, _)) = self.endpoints.get(&id).cloned() {
@@ -332,6 +342,12 @@ impl EngineLoop {
                 self.muted.push(id);
                 continue;
             }
+            // A poller that comes back (one preempted for longer than the hold, on a busy
+            // machine) marks its next poll at once, so that the reads return to it then.
+            let at = ep.app_polled.load(Ordering::Acquire);
+            let _ = ep
+                .app_polled
+                .compare_exchange(at, 0, Ordering::AcqRel, Ordering::Acquire);
             self.set_interest(&ep, Interest::READABLE | Interest::WRITABLE);
             for r in &ep.rails {
                 r.muted.store(false, Ordering::Release);
