@@ -192,6 +192,12 @@ impl Session {
     /// successes; 0 otherwise (they go as frames, in order).
     fn take_express_answers(&mut self) -> u64 {
         let ctrl = &mut self.rails[0].ctrl;
+        let is_ok_answer =
+            |h: &FrameHeader| h.opcode == Opcode::ExpressAnswer && h.aux == WireStatus::Ok as u32;
+        // The usual case in a ping-pong: that answer alone.
+        if ctrl.len() == 1 && ctrl.back().is_some_and(is_ok_answer) {
+            return ctrl.pop_back().map_or(0, |h| h.arg0);
+        }
         let mut answers = ctrl
             .iter()
             .enumerate()
