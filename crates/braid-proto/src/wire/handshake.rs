@@ -15,7 +15,7 @@ pub const HELLO_MAGIC: [u8; 8] = *b"BRAIDRMA";
 /// Magic that opens a [`HelloReply`].
 pub const REPLY_MAGIC: [u8; 8] = *b"BRAIDACK";
 /// Version of the handshake and frame format spoken by this build.
-pub const HANDSHAKE_VERSION: u16 = 4;
+pub const HANDSHAKE_VERSION: u16 = 5;
 /// Magic that opens an [`AuthProof`].
 pub const AUTH_MAGIC: [u8; 8] = *b"BRAIDAUT";
 /// Size in bytes of every handshake message.
