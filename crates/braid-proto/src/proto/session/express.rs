@@ -29,7 +29,7 @@ use crate::mem::region::{Access, Pieces, Sge, sgl_is_fragile, sgl_len};
 use crate::wire::frame::FLAG_IMM;
 use crate::wire::{FrameHeader, MAX_EXPRESS_PAYLOAD, Opcode, WireStatus};
 
-use super::initiator::{OutOp, wire_status};
+use super::initiator::wire_status;
 use super::types::{Keep, PostError, ProtocolError, Transmit};
 use super::{Session, sgl_pieces};
 
@@ -95,13 +95,15 @@ impl Session {
         signaled: bool,
         send: impl FnOnce(&ExpressRequest, &[(*const u8, usize)]) -> bool,
     ) -> Result<Option<bool>, PostError> {
-        let Some((op, req)) = self.express_op(wr_id, local, to, imm, signaled)? else {
+        let Some(req) = self.express_op(wr_id, local, to, imm, signaled)? else {
             return Ok(None);
         };
         let express = send(&req, &express_pieces(local));
-        let seq = self.enqueue(op, !express);
-        if express {
-            self.express.push_back(seq);
+        if !express {
+            // The link had no room: it goes as frames, behind nothing (it is the only
+            // operation outstanding that is not an answered express one).
+            self.express.pop_back();
+            self.frame_op(req.seq);
         }
         Ok(Some(express))
     }
@@ -124,7 +126,7 @@ impl Session {
         if self.cfg.payload_crc {
             return Ok(None);
         }
-        let Some((op, req)) = self.express_op(wr_id, local, to, imm, signaled)? else {
+        let Some(req) = self.express_op(wr_id, local, to, imm, signaled)? else {
             return Ok(None);
         };
         let mut h = FrameHeader::new(Opcode::Express);
@@ -139,27 +141,25 @@ impl Session {
             h.aux = imm;
         }
         h.arg0 = self.take_express_answers();
-        let t = Transmit {
+        Ok(Some(Transmit {
             header: h.encode(),
-            payload: express_pieces(local).into_iter().collect(),
+            payload: express_pieces(local),
             read_response: None,
             _keep: Some(Keep::Regions(local.into())),
-        };
-        let seq = self.enqueue(op, false);
-        self.express.push_back(seq);
-        Ok(Some(t))
+        }))
     }
 
-    /// The checks of an express request, and its operation built for the next sequence
-    /// number (not queued yet). `None`: it does not go the express way.
+    /// The checks of an express request, and its operation queued as an express one at the
+    /// next sequence number (built in place: an operation is a few hundred bytes, and each
+    /// move of it cost a copy). `None`: it does not go the express way, nothing is queued.
     fn express_op(
-        &self,
+        &mut self,
         wr_id: u64,
         local: &[Sge],
         to: ExpressTo,
         imm: Option<u32>,
         signaled: bool,
-    ) -> Result<Option<(OutOp, ExpressRequest)>, PostError> {
+    ) -> Result<Option<ExpressRequest>, PostError> {
         let total = sgl_len(local);
         if total > EXPRESS_MAX as u64
             || sgl_is_fragile(local)
@@ -178,13 +178,14 @@ impl Session {
             ExpressTo::Receive => (op.kind, op.opcode) = (CompletionKind::Send, Opcode::Send),
         }
         self.finish_op(&mut op)?;
-        let req = ExpressRequest {
-            seq: op.seq,
+        let seq = self.enqueue(op, false);
+        self.express.push_back(seq);
+        Ok(Some(ExpressRequest {
+            seq,
             to,
             imm,
             len: total as u32,
-        };
-        Ok(Some((op, req)))
+        }))
     }
 
     /// Answers owed to the peer's express requests, taken off the control queue to ride on

@@ -348,6 +348,16 @@ impl Session {
         seq
     }
 
+    /// Operation `seq`, queued without frames (an express one), is to be sent as frames
+    /// after all.
+    pub(super) fn frame_op(&mut self, seq: u64) {
+        self.tx_req.push_back(ReqCursor {
+            seq,
+            next_off: 0,
+            desc_sent: false,
+        });
+    }
+
     /// Posts a receive buffer for the peer's next send (or write-with-immediate). The
     /// pieces are taken by reference: one piece is kept without an allocation.
     pub fn post_recv(&mut self, wr_id: u64, local: impl AsRef<[Sge]>) -> Result<(), PostError> {
