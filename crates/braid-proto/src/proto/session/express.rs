@@ -262,7 +262,8 @@ impl Session {
         h: &FrameHeader,
         payload: &[u8],
     ) -> Result<ExpressAction, ProtocolError> {
-        if h.opcode != Opcode::Express || self.rails.len() != 1 {
+        // Only endpoints of one rail send them, and none that checks payloads with a CRC.
+        if h.opcode != Opcode::Express || self.rails.len() != 1 || self.cfg.payload_crc {
             return Err(ProtocolError::UnknownOperation {
                 opcode: h.opcode,
                 seq: h.seq,

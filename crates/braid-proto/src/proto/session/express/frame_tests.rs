@@ -241,4 +241,15 @@ fn more_answers_than_requests_or_an_express_frame_offered_as_a_frame_are_errors(
         p2.s[0].on_express_frame(0, &e, &[]).is_err(),
         "only endpoints of one rail send them"
     );
+    let mut crc = Pair::new(
+        SessionConfig {
+            payload_crc: true,
+            ..SessionConfig::default()
+        },
+        1,
+    );
+    assert!(
+        crc.s[0].on_express_frame(0, &e, &[]).is_err(),
+        "nor endpoints that check payloads with a CRC"
+    );
 }
