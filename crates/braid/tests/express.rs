@@ -431,3 +431,92 @@ fn answers_are_reaped_while_the_rail_waits_for_a_receive(p: Pair) {
         p.server.post_recv(1, &[buf.slice(0, 64).unwrap()]).unwrap();
     }
 }
+
+/// A peer that speaks the wire by hand: an `Express` frame with a bad key is answered with
+/// an `ExpressAnswer` carrying the failure, a valid one with immediate fills a receive, and
+/// a malformed one (a payload over 512 bytes) fails the endpoint, which flushes its receive.
+#[test]
+fn a_hand_written_peer_gets_express_answers_and_a_malformed_frame_fails_the_endpoint() {
+    use braid_proto::wire::handshake::{HANDSHAKE_LEN, HANDSHAKE_VERSION, Hello, HelloReply};
+    use braid_proto::wire::{FrameHeader, HEADER_LEN, HandshakeStatus, Opcode, WireStatus};
+    use std::io::{Read, Write};
+
+    let ctx = braid::Context::new().unwrap();
+    let l = ctx.listen(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    let addr = l.local_addrs()[0];
+    let cq = ctx.create_cq(16);
+    let mut o = braid::EndpointOptions::new(&cq);
+    o.transport = RailTransport::Tcp;
+    let acc = std::thread::spawn(move || l.accept(&o, Duration::from_secs(5)));
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let hello = Hello {
+        version: HANDSHAKE_VERSION,
+        rail_index: 0,
+        rail_count: 1,
+        capabilities: 0,
+        max_chunk: 0,
+        session_id: 77,
+        nonce: [3; 16],
+        same_host: None,
+    };
+    s.write_all(&hello.encode()).unwrap();
+    let mut b = [0u8; HANDSHAKE_LEN];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(
+        HelloReply::decode(&b).unwrap().status,
+        HandshakeStatus::Accepted
+    );
+    let ep = acc.join().unwrap().unwrap();
+    let dst = ctx.alloc_region(64, Access::all()).unwrap();
+    let inbox = ctx.alloc_region(64, Access::all()).unwrap();
+    ep.post_recv(5, &[inbox.slice(0, 64).unwrap()]).unwrap();
+    ep.post_recv(6, &[inbox.slice(0, 64).unwrap()]).unwrap();
+
+    let express = |seq: u64, rkey: u64, len: u32| {
+        let mut h = FrameHeader::new(Opcode::Express);
+        (h.seq, h.rkey, h.addr, h.payload_len) = (seq, rkey, 8, len);
+        h.flags = braid_proto::wire::frame::FLAG_IMM;
+        h.aux = 40 + seq as u32;
+        let mut f = h.encode().to_vec();
+        f.extend((0..len).map(|i| i as u8 ^ 0x5a));
+        f
+    };
+    // A bad key: answered with its failure, no receive taken.
+    s.write_all(&express(0, 0xdead_0000_0000, 8)).unwrap();
+    let mut h = [0u8; HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let a = FrameHeader::decode(&h).unwrap();
+    assert_eq!(
+        (a.opcode, a.arg0, a.aux),
+        (Opcode::ExpressAnswer, 1, WireStatus::RemoteAccess as u32)
+    );
+    // A good one: placed, and its immediate fills the first receive.
+    s.write_all(&express(1, dst.remote_key().key, 8)).unwrap();
+    let c = cq.wait(WAIT).expect("the receive completes");
+    assert_eq!(
+        (c.wr_id, c.kind, c.imm, c.byte_len),
+        (5, CompletionKind::RecvWriteImm, Some(41), 8)
+    );
+    assert_eq!(
+        dst.to_vec(8, 8).unwrap(),
+        (0..8).map(|i| i as u8 ^ 0x5a).collect::<Vec<_>>()
+    );
+    s.read_exact(&mut h).unwrap();
+    let a = FrameHeader::decode(&h).unwrap();
+    assert_eq!(
+        (a.opcode, a.arg0, a.aux),
+        (Opcode::ExpressAnswer, 1, WireStatus::Ok as u32)
+    );
+    // Over 512 bytes: refused by the decoder; the endpoint fails and flushes receive 6.
+    s.write_all(&express(2, dst.remote_key().key, 600)).unwrap();
+    let c = cq.wait(WAIT).expect("the receive is flushed");
+    assert_eq!(c.wr_id, 6);
+    assert_eq!(c.status, Status::Flushed, "{c:?}");
+    // Failing flushes first, then closes: a bounded wait for the second.
+    let deadline = Instant::now() + WAIT;
+    while !ep.is_closed() {
+        assert!(Instant::now() < deadline, "the endpoint stays open");
+        std::thread::yield_now();
+    }
+}
