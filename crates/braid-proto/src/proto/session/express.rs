@@ -1,6 +1,12 @@
-//! Express writes: a small write (or write with immediate) that a driver carries around the
-//! session's frames, for a link that cannot lose or reorder anything and that can answer
-//! without a frame (braid's same-host ring: docs/PROTOCOL.md, "Express writes").
+//! Express writes: a small write or send (with or without immediate) that a driver carries
+//! around the session's frames, on an endpoint of one rail. Two carriages:
+//! - a link that can answer beside its stream (braid's same-host ring: docs/PROTOCOL.md,
+//!   "Express writes"): [`Session::post_express`], [`Session::on_express`],
+//!   [`Session::express_acked`];
+//! - a link of frames only (TCP: docs/PROTOCOL.md, "Express frames"): the request is one
+//!   `Express` frame ([`Session::post_express_frame`], [`Session::on_express_frame`]) and
+//!   its answer a counted `ExpressAnswer` control frame, or a count carried by the next
+//!   `Express` frame the other way.
 //!
 //! An express write is an ordinary operation of the session: it takes the next sequence
 //! number, sits in the queue of outstanding operations and completes in order with the
