@@ -1,7 +1,9 @@
 //! Express writes on the driver's side (see `braid_proto::Session::post_express` and
-//! docs/PROTOCOL.md, "Express writes"): the poster writes a small write straight into a
-//! rail whose link carries them, and the reader executes it between frames and answers it
-//! beside the stream; the answers are reaped into the session by whoever reads the rail.
+//! docs/PROTOCOL.md, "Express writes" and "Express frames"): the poster writes a small write
+//! straight into the endpoint's one rail. On a same-host ring the reader executes it between
+//! frames and answers it beside the stream, and the answers are reaped into the session by
+//! whoever reads the rail; on TCP it is one `Express` frame, which `rx.rs` runs from its
+//! buffer, answered by frames the session queues.
 
 use std::sync::atomic::Ordering;
 
@@ -16,9 +18,9 @@ use super::tx::Flush;
 
 impl EndpointShared {
     /// Posts a write or send of `local` (to `to`, with immediate `imm`) the express way
-    /// when the endpoint's one rail carries express requests, nothing is being written on
-    /// it, and the session lets it. True when it is posted (into the link, or as frames
-    /// when the link had no room); false: post it as usual.
+    /// when the endpoint has one rail, nothing is being written on it, and the session lets
+    /// it: a record of a ring, or an `Express` frame on TCP. True when it is posted (into
+    /// the link, or as frames when a ring had no room); false: post it as usual.
     pub(crate) fn post_express(
         &self,
         wr_id: u64,
