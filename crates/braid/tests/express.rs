@@ -520,3 +520,54 @@ fn a_hand_written_peer_gets_express_answers_and_a_malformed_frame_fails_the_endp
         std::thread::yield_now();
     }
 }
+
+/// Small writes posted while the peer reads 16 MiB from this side: some go as express frames
+/// straight to the socket, some find the transmit batch busy with read responses and go
+/// framed, some go framed because 64 express ones are outstanding. Every write lands
+/// whole, and the read is exact.
+#[test]
+fn tcp_small_writes_beside_a_large_read_response_arrive_whole() {
+    let p = pair("tcp");
+    const BIG: usize = 16 << 20;
+    let served = p.client_ctx.alloc_region(BIG, Access::all()).unwrap();
+    served.write_at(0, &pattern(99, BIG)).unwrap();
+    let into = p.server_ctx.alloc_region(BIG, Access::all()).unwrap();
+    let dst = p.server_ctx.alloc_region(256 << 10, Access::all()).unwrap();
+    let src = p.client_ctx.alloc_region(256 << 10, Access::all()).unwrap();
+    let key = dst.remote_key();
+    p.server
+        .read(1, &[into.slice(0, BIG).unwrap()], &served.remote_key(), 0)
+        .unwrap();
+    const N: u64 = 400;
+    let mut off = 0usize;
+    let mut placed = Vec::new();
+    let mut outstanding = 0u64;
+    for i in 0..N {
+        let len = 1 + (i as usize * 53) % 512;
+        let bytes = pattern(i, len);
+        src.write_at(off, &bytes).unwrap();
+        p.client
+            .write(i, &[src.slice(off, len).unwrap()], &key, off as u64)
+            .unwrap();
+        placed.push((off, bytes));
+        off += len;
+        outstanding += 1;
+        // Up to 80 in flight: past 64 they go framed until the express ones are answered.
+        if outstanding == 80 {
+            for _ in 0..40 {
+                let c = next(&p.client_cq);
+                assert_eq!(c.status, Status::Success, "{c:?}");
+            }
+            outstanding -= 40;
+        }
+    }
+    for _ in 0..outstanding {
+        let c = next(&p.client_cq);
+        assert_eq!(c.status, Status::Success, "{c:?}");
+    }
+    for (i, (off, bytes)) in placed.iter().enumerate() {
+        assert_eq!(&dst.to_vec(*off, bytes.len()).unwrap(), bytes, "write {i}");
+    }
+    expect_ok(&p.server_cq, 1);
+    assert!(into.to_vec(0, BIG).unwrap() == pattern(99, BIG), "the read");
+}
