@@ -55,7 +55,6 @@ pub(super) fn run_lat(
     let mut rounds = Rounds::new(plan);
     while rounds.go_on() {
         let i = rounds.i;
-        peer.post_recv(rbuf.slice(0, rbuf_len)?)?;
         if plan.verify {
             write_pattern(&src, 0, size, i, &mut scratch)?;
         }
@@ -82,6 +81,10 @@ pub(super) fn run_lat(
                 Err(e) => return Err(e).context("posting a ping"),
             }
         }
+        // The pong's receive is posted once the ping has left, as UCX's `tag_lat` posts its
+        // receive after its send (and the server reposts after its pong): the pong takes a
+        // round trip to come, and a pong that came first would wait for it, not fail.
+        peer.post_recv(rbuf.slice(0, rbuf_len)?)?;
         let c = next_completion(&peer.rcq, wait_mode, t, plan.stall, op, "pong")?;
         let rtt = t.elapsed().as_nanos() as u64;
         peer.take(&c)?;
