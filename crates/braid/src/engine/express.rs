@@ -180,7 +180,8 @@ impl super::rx::RxRail<'_> {
     /// window, and each pass reaps them).
     fn stalled_express(&mut self) -> ExpressStep {
         if !self.arm {
-            return ExpressStep::End(RxStep::Wait);
+            // A polling thread put the answers off for the request; they cannot wait for it.
+            return ExpressStep::End(self.reap_express().unwrap_or(RxStep::Wait));
         }
         for _ in 0..4 {
             if self.c.link.express_unanswered() == 0 {
@@ -207,7 +208,7 @@ impl super::rx::RxRail<'_> {
         let unanswered = self.c.link.express_unanswered();
         if unanswered == 0
             || (self.ran_express && !self.arm && unanswered < EXPRESS_WINDOW as u64 / 2)
-            || !self.c.link.express_answered()
+            || !self.c.link.express_answered(self.arm)
         {
             return None;
         }

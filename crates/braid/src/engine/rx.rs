@@ -135,8 +135,12 @@ impl RxRail<'_> {
     fn run(&mut self) -> RxStep {
         // Answers to this side's express requests come beside the stream, whatever holds
         // the stream up: a rail stalled on the peer's send (no receive posted yet) must still
-        // complete the sends whose buffers the application reposts as receives.
+        // complete the sends whose buffers the application reposts as receives. An express
+        // request at the head runs first (in a ping-pong its completion is what the caller
+        // waits for); the answers then wait for the end of the pass, the next poll, or the
+        // request's stall (`stalled_express`).
         if self.c.express
+            && !self.c.link.express_next()
             && let Some(step) = self.reap_express()
         {
             return step;

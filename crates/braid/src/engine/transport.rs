@@ -125,12 +125,18 @@ pub(crate) trait Transport: Send + Sync {
     fn take_express(&self, _exec: &mut ExpressExec<'_>) -> io::Result<ExpressTake> {
         Ok(ExpressTake::Other)
     }
+    /// True when an express request heads the link (the reader executes it before it
+    /// reaps answers, so that the completion it brings is not held up by them).
+    fn express_next(&self) -> bool {
+        false
+    }
     /// Express requests sent on this link whose answers have not been reaped.
     fn express_unanswered(&self) -> u64 {
         0
     }
-    /// Answers to express requests wait to be reaped.
-    fn express_answered(&self) -> bool {
+    /// Answers to express requests wait to be reaped. A busy poller (not `eager`) may be
+    /// told of them some polls late, where looking costs the peer.
+    fn express_answered(&self, _eager: bool) -> bool {
         false
     }
     /// A reader about to sleep while an express request it cannot execute yet heads the

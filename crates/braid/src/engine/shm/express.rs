@@ -5,7 +5,7 @@
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{Ordering, fence};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use braid_proto::wire::WireStatus;
 use braid_proto::{EXPRESS_MAX, ExpressRequest, ExpressTo};
@@ -15,13 +15,45 @@ use super::ring::{Ctrl, EXPRESS_SLOTS};
 use super::{Cur, EXPRESS, ShmLink, broken};
 
 /// An express record's header: tag, flags, two zero bytes, the payload's length (u32), then
-/// sequence number, key and address (u64 each; zero for a send), the immediate (u32) and four
-/// zero bytes.
-pub(super) const EXPRESS_HDR: usize = 40;
+/// sequence number, key and address (u64 each; zero for a send), the immediate (u32), four
+/// zero bytes, and the answers it carries: the count of the reader's own express requests
+/// the writer has executed, and the first of them after the last that failed (u64 each).
+pub(super) const EXPRESS_HDR: usize = 56;
 /// Flag: the request carries an immediate.
 const FLAG_IMM: u8 = 1;
 /// Flag: a send (into the next posted receive; key and address are zero).
 const FLAG_SEND: u8 = 2;
+
+/// Express records end on a cache line's boundary, so that the next one starts on a line
+/// of its own: an 8 B write's record is then one line for the reader to fetch, not two.
+const LINE: u64 = 64;
+
+/// Where the express record of `len` payload bytes at ring position `at` ends (the next
+/// record's start): the bytes up to the line's end are padding.
+fn express_end(at: u64, len: usize) -> u64 {
+    (at + (EXPRESS_HDR + len) as u64).next_multiple_of(LINE)
+}
+
+/// Polls a busy poller lets pass without answers carried before it looks at the control
+/// page's count: each look takes the line the peer writes its answers to, and the peer's
+/// next answer then waits for it to come back (in a ping-pong, every answer comes carried
+/// by the reply well within this).
+const LOOK_AFTER: u32 = 64;
+
+/// Answers carried in express records, both ways: a ping-pong then never touches the
+/// control page's answer line, whose every crossing cost each message a cache miss.
+#[derive(Default)]
+pub(super) struct Carried {
+    /// The peer's express requests executed here, and the first of them after the last
+    /// that failed: what this side's records carry.
+    executed: AtomicU64,
+    ok_from: AtomicU64,
+    /// The latest of those counts the peer's records carried.
+    answered: AtomicU64,
+    answered_ok_from: AtomicU64,
+    /// Busy polls since answers last came carried or were looked for in the control page.
+    quiet_polls: AtomicU32,
+}
 
 /// What an express record adds to the stream counts that wake a sleeping reader.
 fn stream_len(len: usize) -> u64 {
@@ -40,18 +72,18 @@ impl ShmLink {
         let len = r.len as usize;
         debug_assert!(len <= EXPRESS_MAX);
         debug_assert_eq!(pieces.iter().map(|p| p.1).sum::<usize>(), len);
-        let need = (EXPRESS_HDR + len) as u64;
         let c = self.tx.ctrl();
         let mut cur = self.txc.lock();
         let head = cur.head;
-        if self.tx.cap() - self.tx.used(head, cur.tail_seen)? < need {
+        let need = express_end(head, len) - head;
+        if self.tx.free(head, cur.tail_seen)? < need {
             cur.tail_seen = c.tail.load(Ordering::Acquire);
-            if self.tx.cap() - self.tx.used(head, cur.tail_seen)? < need {
+            if self.tx.free(head, cur.tail_seen)? < need {
                 return Ok(false);
             }
         }
+        // The tag stays zero until the record is whole (see below).
         let mut h = [0u8; EXPRESS_HDR];
-        h[0] = EXPRESS;
         let (rkey, addr, send) = match r.to {
             ExpressTo::Region { rkey, addr } => (rkey, addr, 0),
             ExpressTo::Receive => (0, 0, FLAG_SEND),
@@ -62,6 +94,10 @@ impl ShmLink {
         h[16..24].copy_from_slice(&rkey.to_le_bytes());
         h[24..32].copy_from_slice(&addr.to_le_bytes());
         h[32..36].copy_from_slice(&r.imm.unwrap_or(0).to_le_bytes());
+        let executed = self.carried.executed.load(Ordering::Acquire);
+        h[40..48].copy_from_slice(&executed.to_le_bytes());
+        let ok_from = self.carried.ok_from.load(Ordering::Relaxed);
+        h[48..56].copy_from_slice(&ok_from.to_le_bytes());
         // SAFETY: the record fits the free space at `head` (checked above).
         unsafe { self.tx.copy(head, h.as_mut_ptr(), EXPRESS_HDR, true, false) };
         let mut pos = head + EXPRESS_HDR as u64;
@@ -70,10 +106,16 @@ impl ShmLink {
             unsafe { self.tx.copy(pos, p as *mut u8, l, true, false) };
             pos += l as u64;
         }
+        debug_assert!(pos <= express_end(head, len));
+        let pos = express_end(head, len);
         cur.head = pos;
         cur.stream_head += stream_len(len);
         // Counted before the peer can see it, so that its answer never runs ahead.
         self.express_sent.fetch_add(1, Ordering::Release);
+        self.tx.end_records(pos);
+        // A polling reader takes the record on its tag, without waiting for the counts'
+        // line as well: one cache line crosses to it instead of two.
+        self.tx.publish_tag(head, EXPRESS);
         c.head.store(pos, Ordering::Release);
         c.stream_head.store(cur.stream_head, Ordering::Release);
         fence(Ordering::SeqCst);
@@ -88,21 +130,13 @@ impl ShmLink {
         if !matches!(c.cur, Cur::None) {
             return Ok(ExpressTake::Other);
         }
-        let head = self.rx.ctrl().head.load(Ordering::Acquire);
-        let used = self.rx.used(head, c.tail)?;
-        if used == 0 {
-            return Ok(if self.ended.load(Ordering::Acquire) {
-                // The reader's next receive reports the end.
-                ExpressTake::Other
-            } else {
-                ExpressTake::Empty
-            });
-        }
-        if self.rx_tag(c.tail) != EXPRESS {
-            return Ok(ExpressTake::Other);
-        }
-        if used < EXPRESS_HDR as u64 {
-            return Err(broken(format!("express record cut short ({used} bytes)")));
+        // The tag alone says whether a record is there: an express record's tag is published
+        // after its bytes, and a zero tag follows the last record of every publication.
+        match self.rx.tag(c.tail) {
+            EXPRESS => {}
+            // The reader's next receive reports the end.
+            0 if !self.ended.load(Ordering::Acquire) => return Ok(ExpressTake::Empty),
+            _ => return Ok(ExpressTake::Other),
         }
         let mut h = [0u8; EXPRESS_HDR];
         // SAFETY: published bytes of the ring into a local buffer.
@@ -120,10 +154,10 @@ impl ShmLink {
             || h[2..4] != [0, 0]
             || h[36..40] != [0; 4]
             || len > EXPRESS_MAX
-            || used < (EXPRESS_HDR + len) as u64
         {
             return Err(broken(format!("bad express record {h:02x?}")));
         }
+        self.take_carried(u64_at(40), u64_at(48))?;
         let r = ExpressRequest {
             seq: u64_at(8),
             to: if send {
@@ -157,7 +191,19 @@ impl ShmLink {
         ctrl.express_status[(c.express_done % EXPRESS_SLOTS as u64) as usize]
             .store(st as u8, Ordering::Relaxed);
         c.express_done += 1;
-        c.tail += (EXPRESS_HDR + len) as u64;
+        if st != WireStatus::Ok {
+            self.carried
+                .ok_from
+                .store(c.express_done, Ordering::Relaxed);
+        }
+        self.carried
+            .executed
+            .store(c.express_done, Ordering::Release);
+        // The counts may not show this record yet: they may lag to its start, no further
+        // (a peer whose counts fall behind that fails the rail at their next check).
+        c.fast_from = c.tail;
+        c.stream_fast_from = c.stream_tail;
+        c.tail = express_end(c.tail, len);
         c.stream_tail += stream_len(len);
         ctrl.express_done.store(c.express_done, Ordering::Release);
         ctrl.tail.store(c.tail, Ordering::Release);
@@ -173,19 +219,11 @@ impl ShmLink {
         {
             self.ring_bell();
         }
-        Ok(if ctrl.head.load(Ordering::Acquire) == c.tail {
+        Ok(if self.rx.tag(c.tail) == 0 {
             ExpressTake::RanEmpty
         } else {
             ExpressTake::Ran
         })
-    }
-
-    /// The tag of the record at ring position `at` (published).
-    pub(super) fn rx_tag(&self, at: u64) -> u8 {
-        let mut tag = 0u8;
-        // SAFETY: one published byte into a local.
-        unsafe { self.rx.copy(at, &mut tag, 1, false, false) };
-        tag
     }
 
     /// Express requests sent here and not answered as far as
@@ -196,17 +234,72 @@ impl ShmLink {
             .wrapping_sub(self.express_reaped.load(Ordering::Relaxed))
     }
 
-    /// Answers arrived and not reaped yet.
-    pub(super) fn express_answers_waiting(&self) -> bool {
-        self.unanswered_express() != 0
-            && self.tx.ctrl().express_done.load(Ordering::Acquire)
-                != self.express_reaped.load(Ordering::Relaxed)
+    /// Takes the answers a record of the peer's carried: `answered` of this side's express
+    /// requests executed, all that follow `ok_from` of them successfully.
+    fn take_carried(&self, answered: u64, ok_from: u64) -> io::Result<()> {
+        let prev = self.carried.answered.load(Ordering::Relaxed);
+        let sent = self.express_sent.load(Ordering::Acquire);
+        if answered < prev || answered > sent || ok_from > answered {
+            return Err(broken(format!(
+                "a record carries {answered} answers (from {ok_from} successful) after \
+                 {prev}, with {sent} requests sent"
+            )));
+        }
+        if answered > prev {
+            self.carried
+                .answered_ok_from
+                .store(ok_from, Ordering::Relaxed);
+            self.carried.answered.store(answered, Ordering::Release);
+            self.carried.quiet_polls.store(0, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
-    /// Hands the statuses of newly answered express requests to `f`, oldest first. Callers
-    /// take turns (the driver calls it under its session's lock).
+    /// Answers carried by the peer's records past `reaped`, when they are all successes
+    /// (their count; else `None`).
+    fn carried_past(&self, reaped: u64) -> Option<u64> {
+        let answered = self.carried.answered.load(Ordering::Acquire);
+        (answered > reaped && self.carried.answered_ok_from.load(Ordering::Relaxed) <= reaped)
+            .then_some(answered)
+    }
+
+    /// Answers arrived and not reaped yet. Unless `eager` (a thread about to sleep), the
+    /// control page is looked at only after [`LOOK_AFTER`] such calls without answers
+    /// carried, or when a failure among those carried needs its status.
+    pub(super) fn express_answers_waiting(&self, eager: bool) -> bool {
+        let reaped = self.express_reaped.load(Ordering::Relaxed);
+        if self.express_sent.load(Ordering::Relaxed) == reaped {
+            return false;
+        }
+        if self.carried_past(reaped).is_some() {
+            return true;
+        }
+        if !eager && self.carried.answered.load(Ordering::Relaxed) <= reaped {
+            let quiet = self.carried.quiet_polls.load(Ordering::Relaxed) + 1;
+            self.carried.quiet_polls.store(
+                if quiet < LOOK_AFTER { quiet } else { 0 },
+                Ordering::Relaxed,
+            );
+            if quiet < LOOK_AFTER {
+                return false;
+            }
+        }
+        self.tx.ctrl().express_done.load(Ordering::Acquire) != reaped
+    }
+
+    /// Hands the statuses of newly answered express requests to `f`, oldest first: those
+    /// the peer's records carried, else those of the control page. Callers take turns (the
+    /// driver calls it under its session's lock).
     pub(super) fn read_express_answers(&self, f: &mut dyn FnMut(WireStatus)) -> io::Result<()> {
         let reaped = self.express_reaped.load(Ordering::Relaxed);
+        if let Some(answered) = self.carried_past(reaped) {
+            // At most the window: checked against what was sent when the record came.
+            for _ in reaped..answered {
+                f(WireStatus::Ok);
+            }
+            self.express_reaped.store(answered, Ordering::Relaxed);
+            return Ok(());
+        }
         let done = self.tx.ctrl().express_done.load(Ordering::Acquire);
         if done == reaped {
             return Ok(());
@@ -238,7 +331,7 @@ impl ShmLink {
         c.want.store(u64::MAX, Ordering::Relaxed);
         c.reader_armed.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        if self.express_answers_waiting() {
+        if self.express_answers_waiting(true) {
             c.reader_armed.store(0, Ordering::Relaxed);
             return Ok(true);
         }

@@ -80,6 +80,11 @@ struct RxCursor {
     stream_tail: u64,
     /// Express requests executed.
     express_done: u64,
+    /// Where the last express record taken on its tag alone started, in ring and stream
+    /// counts: the producer publishes `head` and `stream_head` just after such a tag, so
+    /// they may still show this record's start while the cursors are past it.
+    fast_from: u64,
+    stream_fast_from: u64,
     cur: Cur,
     files: PeerFiles,
 }
@@ -111,6 +116,8 @@ pub(crate) struct ShmLink {
     /// Express requests written, and answers to them handed on (see [`express`]).
     express_sent: AtomicU64,
     express_reaped: AtomicU64,
+    /// Answers carried in express records, both ways.
+    carried: express::Carried,
     _map: Mapping,
 }
 
@@ -162,6 +169,8 @@ impl ShmLink {
                 tail: 0,
                 stream_tail: 0,
                 express_done: 0,
+                fast_from: 0,
+                stream_fast_from: 0,
                 cur: Cur::None,
                 files: PeerFiles::new(files.try_clone()?),
             }),
@@ -171,6 +180,7 @@ impl ShmLink {
             exchange,
             express_sent: AtomicU64::new(0),
             express_reaped: AtomicU64::new(0),
+            carried: express::Carried::default(),
             _map: file.map,
         })
     }
@@ -236,20 +246,38 @@ impl ShmLink {
     }
 
     /// Stream bytes waiting, checked.
-    fn stream_waiting(&self, stream_tail: u64) -> io::Result<u64> {
+    fn stream_waiting(&self, c: &mut RxCursor) -> io::Result<u64> {
         let head = self.rx.ctrl().stream_head.load(Ordering::Acquire);
-        let w = head.wrapping_sub(stream_tail);
+        let w = head.wrapping_sub(c.stream_tail);
         if w > MAX_STREAM_WAITING {
-            return Err(broken(format!("stream cursors {head} and {stream_tail}")));
+            if lags_within(head, c.stream_fast_from, c.stream_tail) {
+                return Ok(0);
+            }
+            return Err(broken(format!(
+                "stream cursors {head} and {}",
+                c.stream_tail
+            )));
         }
+        // Caught up: the count may no longer lag.
+        c.stream_fast_from = c.stream_tail;
         Ok(w)
+    }
+
+    /// Ring bytes published past the read cursor, checked.
+    fn rx_used(&self, c: &mut RxCursor) -> io::Result<u64> {
+        let head = self.rx.ctrl().head.load(Ordering::Acquire);
+        if head.wrapping_sub(c.tail) > self.rx.cap() && lags_within(head, c.fast_from, c.tail) {
+            return Ok(0);
+        }
+        let used = self.rx.used(head, c.tail)?;
+        c.fast_from = c.tail;
+        Ok(used)
     }
 
     /// Reads the next record's header at the cursor; false when the ring is empty or an
     /// express request is next.
     fn next_record(&self, c: &mut RxCursor) -> io::Result<bool> {
-        let head = self.rx.ctrl().head.load(Ordering::Acquire);
-        let used = self.rx.used(head, c.tail)?;
+        let used = self.rx_used(c)?;
         if used == 0 {
             return Ok(false);
         }
@@ -424,6 +452,13 @@ impl ShmLink {
     }
 }
 
+/// Whether `head`, behind `tail`, is no further behind than `from`: a cursor that ran ahead
+/// of the published count over one express record taken on its tag (see
+/// [`ShmLink::exec_express`]).
+fn lags_within(head: u64, from: u64, tail: u64) -> bool {
+    head.wrapping_sub(from) <= tail.wrapping_sub(from)
+}
+
 /// The pieces after `skip` bytes, as (index, pointer, offset, length) runs.
 fn runs_indexed<P: Copy>(
     pieces: &[(P, usize)],
@@ -470,16 +505,16 @@ impl Transport for ShmLink {
             .map(|r| r.2 as u64 + REF_HDR as u64)
             .sum::<u64>()
             .min(self.tx.cap());
-        let mut room = self.tx.cap() - self.tx.used(head, cur.tail_seen)?;
+        let mut room = self.tx.free(head, cur.tail_seen)?;
         if room < need {
             cur.tail_seen = c.tail.load(Ordering::Acquire);
-            room = self.tx.cap() - self.tx.used(head, cur.tail_seen)?;
+            room = self.tx.free(head, cur.tail_seen)?;
         }
         if room < MIN_ROOM {
             c.writer_armed.store(1, Ordering::Relaxed);
             fence(Ordering::SeqCst);
             cur.tail_seen = c.tail.load(Ordering::Acquire);
-            room = self.tx.cap() - self.tx.used(head, cur.tail_seen)?;
+            room = self.tx.free(head, cur.tail_seen)?;
             if room < MIN_ROOM {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
@@ -573,6 +608,7 @@ impl Transport for ShmLink {
         }
         cur.head = pos;
         cur.stream_head += sent as u64;
+        self.tx.end_records(pos);
         c.head.store(pos, Ordering::Release);
         c.stream_head.store(cur.stream_head, Ordering::Release);
         fence(Ordering::SeqCst);
@@ -610,8 +646,8 @@ impl Transport for ShmLink {
     }
 
     fn bytes_waiting(&self) -> Option<usize> {
-        let c = self.rxc.lock();
-        self.stream_waiting(c.stream_tail).ok().map(|w| w as usize)
+        let mut c = self.rxc.lock();
+        self.stream_waiting(&mut c).ok().map(|w| w as usize)
     }
 
     fn arm(&self, want: usize) -> io::Result<bool> {
@@ -622,8 +658,14 @@ impl Transport for ShmLink {
         c.want.store(want, Ordering::Relaxed);
         c.reader_armed.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        let stream_tail = self.rxc.lock().stream_tail;
-        if self.stream_waiting(stream_tail)? >= want || self.express_answers_waiting() {
+        let mut rc = self.rxc.lock();
+        let waiting = self.stream_waiting(&mut rc)?;
+        if waiting > 0 && matches!(rc.cur, Cur::None) && self.rx.tag(rc.tail) == 0 {
+            // Stream bytes are published behind a tag, so this one cannot be zero.
+            return Err(broken(format!("{waiting} bytes waiting behind a zero tag")));
+        }
+        drop(rc);
+        if waiting >= want || self.express_answers_waiting(true) {
             c.reader_armed.store(0, Ordering::Relaxed);
             return Ok(true);
         }
@@ -646,12 +688,17 @@ impl Transport for ShmLink {
         self.exec_express(exec)
     }
 
+    fn express_next(&self) -> bool {
+        let c = self.rxc.lock();
+        matches!(c.cur, Cur::None) && self.rx.tag(c.tail) == EXPRESS
+    }
+
     fn express_unanswered(&self) -> u64 {
         self.unanswered_express()
     }
 
-    fn express_answered(&self) -> bool {
-        self.express_answers_waiting()
+    fn express_answered(&self, eager: bool) -> bool {
+        self.express_answers_waiting(eager)
     }
 
     fn arm_for_answers(&self) -> io::Result<bool> {
@@ -696,5 +743,7 @@ pub(crate) fn recv_ring_file(
     Ok((ring, UnixStream::from(files)))
 }
 
+#[cfg(test)]
+mod express_tests;
 #[cfg(test)]
 mod tests;

@@ -18,8 +18,9 @@ const MAX_RING_BYTES: usize = 256 << 20;
 pub(super) const CTRL_BYTES: usize = 4096;
 /// Where each direction's control block starts in the control page.
 const CTRL_OFFSET: [usize; 2] = [0, 1024];
-/// Marks a ring's control page ("braidshm", version 2: express answers).
-const RING_MAGIC: u64 = u64::from_le_bytes(*b"braidsh2");
+/// Marks a ring's control page ("braidshm", version 3: express answers, and a record's tag
+/// published on its own, with a zero tag always after the last record).
+const RING_MAGIC: u64 = u64::from_le_bytes(*b"braidsh3");
 /// Answers to express requests kept apart: the producer has at most this many unanswered.
 pub(super) const EXPRESS_SLOTS: usize = braid_proto::EXPRESS_WINDOW;
 
@@ -230,6 +231,39 @@ impl Ring {
             ));
         }
         Ok(used)
+    }
+
+    /// Free bytes for records after `head`: one byte of the area is kept free, for the zero
+    /// tag that follows the last record (see [`Ring::end_records`]).
+    pub(super) fn free(&self, head: u64, tail: u64) -> io::Result<u64> {
+        Ok((self.cap() - 1).saturating_sub(self.used(head, tail)?))
+    }
+
+    /// The byte at ring position `at`, as an atomic: record tags are read and written
+    /// through it while the other side may be at the same place.
+    fn tag_cell(&self, at: u64) -> &AtomicU8 {
+        // SAFETY: inside the data area, which lives as long as the ring; any alignment
+        // suits a byte.
+        unsafe { AtomicU8::from_ptr(self.data.add((at & self.mask) as usize)) }
+    }
+
+    /// The tag of the record at `at`, read with acquire ordering: an express record's tag is
+    /// stored last (release), so seeing it means its bytes are there.
+    pub(super) fn tag(&self, at: u64) -> u8 {
+        self.tag_cell(at).load(Ordering::Acquire)
+    }
+
+    /// Publishes an express record written at `at` with its tag still zero.
+    pub(super) fn publish_tag(&self, at: u64, tag: u8) {
+        self.tag_cell(at).store(tag, Ordering::Release);
+    }
+
+    /// Marks `at`, where the next record will start, as no record yet (a zero tag), before
+    /// the records up to it are published: a reader that reaches `at` then never mistakes
+    /// the byte left there by an earlier lap for a tag. `at` is free space (see
+    /// [`Ring::free`]).
+    pub(super) fn end_records(&self, at: u64) {
+        self.tag_cell(at).store(0, Ordering::Relaxed);
     }
 
     /// Where `len` bytes at stream position `at` lie in the data area: up to its end, then

@@ -14,7 +14,7 @@ const SMALL: usize = MIN_RING_BYTES;
 const SHARED: usize = 64 << 10;
 
 /// A link pair copying payloads by reference (no page exchange).
-fn pair(ring_bytes: usize) -> (ShmLink, ShmLink) {
+pub(super) fn pair(ring_bytes: usize) -> (ShmLink, ShmLink) {
     pair_with(ring_bytes, false)
 }
 
@@ -48,7 +48,7 @@ fn rung(link: &ShmLink, within: Duration) -> bool {
     n == 1
 }
 
-fn send_all(l: &ShmLink, data: &[u8]) -> usize {
+pub(super) fn send_all(l: &ShmLink, data: &[u8]) -> usize {
     l.send(&[(data.as_ptr(), data.len())], 0, false, &[])
         .unwrap_or(0)
 }
@@ -98,9 +98,9 @@ fn bytes_come_out_in_order_across_wrap_around_and_a_full_ring_pushes_back() {
     }
     assert!(dst == src, "the stream differs");
     // A full ring takes nothing more until the reader makes room (one record header of it
-    // is not payload).
+    // is not payload, and one byte stays free for the zero tag after the last record).
     let big = vec![5u8; SMALL + 1];
-    assert_eq!(send_all(&a, &big), SMALL - INLINE_HDR);
+    assert_eq!(send_all(&a, &big), SMALL - INLINE_HDR - 1);
     assert_eq!(
         a.send(&[(big.as_ptr(), 1)], 0, false, &[])
             .unwrap_err()
@@ -179,7 +179,7 @@ fn the_doorbell_rings_only_for_an_armed_reader_and_for_the_bytes_it_wants() {
 fn a_writer_blocked_on_a_full_ring_is_woken_when_the_reader_makes_room() {
     let (a, b) = pair(SMALL);
     let fill = vec![3u8; SMALL];
-    assert_eq!(send_all(&a, &fill), SMALL - INLINE_HDR);
+    assert_eq!(send_all(&a, &fill), SMALL - INLINE_HDR - 1);
     // Drain the first doorbell (the reader started armed).
     assert!(b.arm(1).expect("arm"));
     assert_eq!(
