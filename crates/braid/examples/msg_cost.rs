@@ -91,6 +91,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if tcp { "tcp" } else { "same-host" },
         2 * n,
     );
+    // A poll that finds nothing: what a busy-polling thread pays per turn of its loop, and
+    // so (half of it, on average) what it adds to a message's latency before it sees it.
+    // (The last sends' completions may still come: a busy poller reads the answers that no
+    // reply carried only every so many polls.)
+    let polls = 1_000_000;
+    let t0 = Instant::now();
+    for _ in 0..polls {
+        if let Some(c) = scq.poll()
+            && (c.kind != CompletionKind::Write || c.status != Status::Success)
+        {
+            return Err(format!("a completion nobody asked for: {c:?}").into());
+        }
+    }
+    println!(
+        "empty poll: {:.1} ns",
+        t0.elapsed().as_secs_f64() * 1e9 / polls as f64
+    );
     if tcp {
         // The same exchange with plain sockets: 8 B written on one, read on the other.
         let raw = raw_tcp_per_message(n)?;

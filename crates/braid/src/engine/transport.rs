@@ -125,6 +125,11 @@ pub(crate) trait Transport: Send + Sync {
     fn take_express(&self, _exec: &mut ExpressExec<'_>) -> io::Result<ExpressTake> {
         Ok(ExpressTake::Other)
     }
+    /// True when a busy poller would find nothing now: no bytes, no express request, no
+    /// answers it would reap (a hint: false is always safe).
+    fn quiet(&self) -> bool {
+        false
+    }
     /// True when an express request heads the link (the reader executes it before it
     /// reaps answers, so that the completion it brings is not held up by them).
     fn express_next(&self) -> bool {

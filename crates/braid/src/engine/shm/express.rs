@@ -53,6 +53,9 @@ pub(super) struct Carried {
     answered_ok_from: AtomicU64,
     /// Busy polls since answers last came carried or were looked for in the control page.
     quiet_polls: AtomicU32,
+    /// The control page's count as last looked at (answers found there stay found until
+    /// reaped, however the next poll would look).
+    seen_done: AtomicU64,
 }
 
 /// What an express record adds to the stream counts that wake a sleeping reader.
@@ -205,6 +208,7 @@ impl ShmLink {
         c.stream_fast_from = c.stream_tail;
         c.tail = express_end(c.tail, len);
         c.stream_tail += stream_len(len);
+        self.note_cursor(&c);
         ctrl.express_done.store(c.express_done, Ordering::Release);
         ctrl.tail.store(c.tail, Ordering::Release);
         ctrl.stream_tail.store(c.stream_tail, Ordering::Release);
@@ -271,7 +275,9 @@ impl ShmLink {
         if self.express_sent.load(Ordering::Relaxed) == reaped {
             return false;
         }
-        if self.carried_past(reaped).is_some() {
+        if self.carried_past(reaped).is_some()
+            || self.carried.seen_done.load(Ordering::Relaxed) > reaped
+        {
             return true;
         }
         if !eager && self.carried.answered.load(Ordering::Relaxed) <= reaped {
@@ -284,7 +290,9 @@ impl ShmLink {
                 return false;
             }
         }
-        self.tx.ctrl().express_done.load(Ordering::Acquire) != reaped
+        let done = self.tx.ctrl().express_done.load(Ordering::Acquire);
+        self.carried.seen_done.store(done, Ordering::Relaxed);
+        done != reaped
     }
 
     /// Hands the statuses of newly answered express requests to `f`, oldest first: those

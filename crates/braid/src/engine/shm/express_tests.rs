@@ -232,10 +232,17 @@ fn a_busy_poller_looks_for_uncarried_answers_now_and_then_a_sleeper_at_once() {
     );
     assert_eq!(take_as(&b, WireStatus::Ok), ExpressTake::RanEmpty);
     // No reply comes: the answer is only in the control page.
-    assert!(a.express_answers_waiting(true));
     let polls = (1..=1000)
         .find(|_| a.express_answers_waiting(false))
         .expect("a busy poller never looked");
     assert!(polls > 1 && polls <= 64, "looked after {polls} polls");
+    // Found, it stays found until reaped.
+    assert!(a.express_answers_waiting(false));
+    assert_eq!(answers(&a), [WireStatus::Ok]);
+    assert!(!a.express_answers_waiting(false));
+    // A thread about to sleep looks at once.
+    assert!(a.put_express(&request(1, 0), &[]).expect("put"));
+    assert_eq!(take_as(&b, WireStatus::Ok), ExpressTake::RanEmpty);
+    assert!(a.express_answers_waiting(true));
     assert_eq!(answers(&a), [WireStatus::Ok]);
 }

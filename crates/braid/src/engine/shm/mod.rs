@@ -118,6 +118,8 @@ pub(crate) struct ShmLink {
     express_reaped: AtomicU64,
     /// Answers carried in express records, both ways.
     carried: express::Carried,
+    /// See [`ShmLink::note_cursor`].
+    next_record_at: AtomicU64,
     _map: Mapping,
 }
 
@@ -181,6 +183,7 @@ impl ShmLink {
             express_sent: AtomicU64::new(0),
             express_reaped: AtomicU64::new(0),
             carried: express::Carried::default(),
+            next_record_at: AtomicU64::new(0),
             _map: file.map,
         })
     }
@@ -328,9 +331,26 @@ impl ShmLink {
     /// when nothing was there, `Ok(0)` at the end of a closed link.
     fn take(&self, dest: &mut Dest<'_>) -> io::Result<usize> {
         let mut c = self.rxc.lock();
+        let r = self.take_from(&mut c, dest);
+        self.note_cursor(&c);
+        r
+    }
+
+    /// Where the next record starts, for [`Transport::quiet`] to look without the cursor's
+    /// lock: the cursor when it is between records, else `u64::MAX`.
+    fn note_cursor(&self, c: &RxCursor) {
+        let at = if matches!(c.cur, Cur::None) {
+            c.tail
+        } else {
+            u64::MAX
+        };
+        self.next_record_at.store(at, Ordering::Relaxed);
+    }
+
+    /// [`ShmLink::take`] with the cursor locked.
+    fn take_from(&self, c: &mut RxCursor, dest: &mut Dest<'_>) -> io::Result<usize> {
         let mut got = 0usize;
         while dest.room() > 0 && !dest.faulted {
-            let c = &mut *c;
             match &mut c.cur {
                 Cur::None => {
                     if !self.next_record(c)? {
@@ -686,6 +706,16 @@ impl Transport for ShmLink {
 
     fn take_express(&self, exec: &mut ExpressExec<'_>) -> io::Result<ExpressTake> {
         self.exec_express(exec)
+    }
+
+    fn quiet(&self) -> bool {
+        // A stale position (another thread reading meanwhile) holds a consumed record's
+        // tag, never a zero one: the answer is then "not quiet", which is always safe.
+        let at = self.next_record_at.load(Ordering::Relaxed);
+        at != u64::MAX
+            && self.rx.tag(at) == 0
+            && !self.ended.load(Ordering::Acquire)
+            && !self.express_answers_waiting(false)
     }
 
     fn express_next(&self) -> bool {
