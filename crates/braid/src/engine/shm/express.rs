@@ -113,8 +113,10 @@ impl ShmLink {
         let pos = express_end(head, len);
         cur.head = pos;
         cur.stream_head += stream_len(len);
-        // Counted before the peer can see it, so that its answer never runs ahead.
-        self.express_sent.fetch_add(1, Ordering::Release);
+        // Counted before the peer can see it, so that its answer never runs ahead. Only a
+        // writer, under the cursor's lock, changes the count: no read-modify-write needed.
+        let sent = self.express_sent.load(Ordering::Relaxed);
+        self.express_sent.store(sent + 1, Ordering::Release);
         self.tx.end_records(pos);
         // A polling reader takes the record on its tag, without waiting for the counts'
         // line as well: one cache line crosses to it instead of two.
