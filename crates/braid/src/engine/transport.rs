@@ -130,8 +130,8 @@ pub(crate) trait Transport: Send + Sync {
     fn quiet(&self) -> bool {
         false
     }
-    /// True when an express request heads the link (the reader executes it before it
-    /// reaps answers, so that the completion it brings is not held up by them).
+    /// True when an express request heads the link (a hint: the reader executes it before
+    /// it reaps answers, so that the completion it brings is not held up by them).
     fn express_next(&self) -> bool {
         false
     }
