@@ -5,7 +5,7 @@
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
 
 use braid_proto::wire::WireStatus;
 use braid_proto::{EXPRESS_MAX, ExpressRequest, ExpressTo};
@@ -35,10 +35,16 @@ fn express_end(at: u64, len: usize) -> u64 {
 }
 
 /// Polls a busy poller lets pass without answers carried before it looks at the control
-/// page's count: each look takes the line the peer writes its answers to, and the peer's
-/// next answer then waits for it to come back (in a ping-pong, every answer comes carried
-/// by the reply well within this).
+/// page's count, while the peer's records bring answers (a ping-pong: every answer comes
+/// with the reply well within this). Each look takes the line the peer writes its answers
+/// to, and the peer's next answer then waits for that line to come back. Once a look found
+/// answers no record had brought (a stream one way, a write waited for alone), a poller
+/// looks on every poll again, until a record brings answers.
 const LOOK_AFTER: u32 = 64;
+/// Requests unanswered from which a busy poller looks lazily whatever brings the answers:
+/// a stream of writes (its completions are taken in batches, and every look would make the
+/// target's answers wait for their line), not a write waited for alone.
+const LAZY_DEPTH: u64 = 16;
 
 /// Answers carried in express records, both ways: a ping-pong then never touches the
 /// control page's answer line, whose every crossing cost each message a cache miss.
@@ -53,6 +59,10 @@ pub(super) struct Carried {
     answered_ok_from: AtomicU64,
     /// Busy polls since answers last came carried or were looked for in the control page.
     quiet_polls: AtomicU32,
+    /// The peer's records bring answers: busy pollers look at the control page only after
+    /// [`LOOK_AFTER`] polls (set by a record that carried new answers, cleared when a
+    /// look after that many polls found answers no record had brought).
+    lazy_look: AtomicBool,
     /// The control page's count as last looked at (answers found there stay found until
     /// reaped, however the next poll would look).
     seen_done: AtomicU64,
@@ -257,6 +267,7 @@ impl ShmLink {
                 .store(ok_from, Ordering::Relaxed);
             self.carried.answered.store(answered, Ordering::Release);
             self.carried.quiet_polls.store(0, Ordering::Relaxed);
+            self.carried.lazy_look.store(true, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -269,12 +280,17 @@ impl ShmLink {
             .then_some(answered)
     }
 
-    /// Answers arrived and not reaped yet. Unless `eager` (a thread about to sleep), the
-    /// control page is looked at only after [`LOOK_AFTER`] such calls without answers
-    /// carried, or when a failure among those carried needs its status.
+    /// Answers arrived and not reaped yet. While answers come carried or [`LAZY_DEPTH`]
+    /// requests are unanswered, and unless `eager` (a thread about to sleep), the control
+    /// page is looked at only after [`LOOK_AFTER`] such calls without answers carried, or
+    /// when a failure among those carried needs its status.
     pub(super) fn express_answers_waiting(&self, eager: bool) -> bool {
         let reaped = self.express_reaped.load(Ordering::Relaxed);
-        if self.express_sent.load(Ordering::Relaxed) == reaped {
+        let unanswered = self
+            .express_sent
+            .load(Ordering::Relaxed)
+            .wrapping_sub(reaped);
+        if unanswered == 0 {
             return false;
         }
         if self.carried_past(reaped).is_some()
@@ -282,7 +298,11 @@ impl ShmLink {
         {
             return true;
         }
-        if !eager && self.carried.answered.load(Ordering::Relaxed) <= reaped {
+        let mut lazy = false;
+        if !eager
+            && (self.carried.lazy_look.load(Ordering::Relaxed) || unanswered >= LAZY_DEPTH)
+            && self.carried.answered.load(Ordering::Relaxed) <= reaped
+        {
             let quiet = self.carried.quiet_polls.load(Ordering::Relaxed) + 1;
             self.carried.quiet_polls.store(
                 if quiet < LOOK_AFTER { quiet } else { 0 },
@@ -291,9 +311,15 @@ impl ShmLink {
             if quiet < LOOK_AFTER {
                 return false;
             }
+            lazy = true;
         }
         let done = self.tx.ctrl().express_done.load(Ordering::Acquire);
         self.carried.seen_done.store(done, Ordering::Relaxed);
+        if lazy && done != reaped {
+            // Answers waited here for all those polls and no record brought them: the
+            // peer is not replying, so look on every poll until one does.
+            self.carried.lazy_look.store(false, Ordering::Relaxed);
+        }
         done != reaped
     }
 
