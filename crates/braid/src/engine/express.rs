@@ -138,9 +138,10 @@ impl super::rx::RxRail<'_> {
     pub(super) fn run_express(&mut self) -> ExpressStep {
         let (ep, rail) = (self.ep, self.rail);
         let mut failure = None;
+        let mut retry = self.retry;
         let r = self.c.link.take_express(&mut |req, payload| {
             let mut s = ep.session.lock();
-            match s.on_express(rail, req, payload) {
+            let st = match s.on_express(rail, req, payload) {
                 Ok(ExpressAction::Done(st)) => {
                     ep.deliver(&mut s);
                     Some(st)
@@ -150,8 +151,11 @@ impl super::rx::RxRail<'_> {
                     failure = Some(e);
                     None
                 }
-            }
+            };
+            retry = Some(s.rx_retry_pending());
+            st
         });
+        self.retry = retry;
         if let Some(e) = failure {
             return ExpressStep::End(self.die(&format!("protocol error: {e}")));
         }
@@ -221,6 +225,7 @@ impl super::rx::RxRail<'_> {
             }
         });
         self.ep.deliver(&mut s);
+        self.retry = Some(s.rx_retry_pending());
         drop(s);
         if let Some(e) = bad {
             return Some(self.die(&format!("protocol error: {e}")));

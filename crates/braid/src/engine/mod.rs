@@ -318,16 +318,21 @@ impl EndpointShared {
             self.flush_all();
             changed = true;
         }
+        // Whether rail retries are due, as the receive loops last saw the session (`None`:
+        // ask it): a loop that found something has just held its lock, and a poll that
+        // found a message saves taking it again.
+        let mut retry = (!changed).then_some(false);
         for rail in 0..self.rails.len() {
             if wait_for_readers {
                 self.rx_run(rail);
-            } else {
-                changed |= self.rx_try_run(rail);
+            } else if let Some(seen) = self.rx_try_run(rail) {
+                changed = true;
+                retry = retry.zip(seen).map(|(a, b)| a | b);
             }
         }
         // (`tx_check` is set already: by a read that found something, or above when frames
         // waited.)
-        if changed && self.session.lock().rx_retry_pending() {
+        if changed && retry.unwrap_or_else(|| self.session.lock().rx_retry_pending()) {
             self.kicker.kick(self.id);
         }
     }

@@ -84,6 +84,10 @@ pub(super) struct RxRail<'a> {
     pub(super) ran_express: bool,
     /// The loop found something to read, execute or reap (see `rx_try_run`).
     pub(super) found: bool,
+    /// Whether the session had rail retries due ([`Session::rx_retry_pending`]) when the
+    /// loop last released its lock; `None` when the loop's last use of the session did not
+    /// look (its caller then asks the session itself).
+    pub(super) retry: Option<bool>,
 }
 
 enum RxState {
@@ -328,6 +332,7 @@ impl RxRail<'_> {
                                     .session
                                     .lock()
                                     .on_rx_progress(self.rail, Instant::now());
+                                self.retry = None;
                             }
                             self.c.state = RxState::Payload {
                                 place,
@@ -347,6 +352,7 @@ impl RxRail<'_> {
                             // The destination's file pages were truncated: the operation
                             // fails, the rest of the payload is read and dropped.
                             self.ep.session.lock().payload_fault(self.rail);
+                            self.retry = None;
                             self.c.state = RxState::Discard { left: len - done };
                         }
                         Err(e) => return self.die(&format!("receive failed: {e}")),
@@ -410,6 +416,7 @@ impl RxRail<'_> {
         let r = s.on_express_frame(self.rail, &h, payload);
         // Answers it carried may have completed this side's requests.
         self.ep.deliver(&mut s);
+        self.retry = Some(s.rx_retry_pending());
         drop(s);
         match r {
             Ok(ExpressAction::Done(_)) => {
@@ -437,6 +444,7 @@ impl RxRail<'_> {
         };
         self.ep.deliver(&mut s);
         let dead = s.take_dead_rails();
+        self.retry = Some(s.rx_retry_pending());
         drop(s);
         self.ep.close_dead_rails(dead);
         if matches!(action, RxAction::Stall) {
@@ -475,6 +483,7 @@ impl RxRail<'_> {
                 self.c.start += have;
                 if !ok {
                     self.ep.session.lock().payload_fault(self.rail);
+                    self.retry = None;
                     if have == len {
                         self.payload_done(0);
                     } else {
@@ -521,7 +530,9 @@ impl RxRail<'_> {
     /// last told (it may acknowledge them).
     fn rx_idle(&mut self) {
         if std::mem::take(&mut self.c.read_since_idle) {
-            self.ep.session.lock().on_rx_idle(self.rail);
+            let mut s = self.ep.session.lock();
+            s.on_rx_idle(self.rail);
+            self.retry = Some(s.rx_retry_pending());
         }
     }
 
@@ -553,6 +564,7 @@ impl RxRail<'_> {
         let r = s.payload_done(self.rail);
         self.ep.deliver(&mut s);
         let dead = s.take_dead_rails();
+        self.retry = Some(s.rx_retry_pending());
         drop(s);
         self.ep.close_dead_rails(dead);
         self.c.state = RxState::Header;
@@ -567,6 +579,7 @@ impl RxRail<'_> {
         self.ep.fail_rail(self.rail, why);
         // Nothing more is written into a placement of this rail: its memory may go.
         self.ep.session.lock().payload_abandoned(self.rail);
+        self.retry = None;
         RxStep::Dead
     }
 }
@@ -593,6 +606,7 @@ impl EndpointShared {
             clock: None,
             ran_express: false,
             found: false,
+            retry: None,
         };
         let step = r.run();
         if r.found {
@@ -602,12 +616,11 @@ impl EndpointShared {
     }
 
     /// Runs `rail`'s receive loop unless another thread holds it (that thread reads).
-    /// True when the loop found anything (bytes, an express request, answers), so that the
-    /// session may have changed.
-    pub(super) fn rx_try_run(&self, rail: usize) -> bool {
-        let Some(mut c) = self.rails[rail].rx.try_lock() else {
-            return false;
-        };
+    /// `Some` when the loop found anything (bytes, an express request, answers), so that
+    /// the session may have changed; with it, whether rail retries were due when the loop
+    /// last held the session's lock (`None`: unknown).
+    pub(super) fn rx_try_run(&self, rail: usize) -> Option<Option<bool>> {
+        let mut c = self.rails[rail].rx.try_lock()?;
         // A busy poller's usual turn: nothing at all, told by the link at a glance, at a
         // fraction of the loop's cost (every turn of the poller's loop delays the message
         // it will find by half a turn, on average).
@@ -617,7 +630,7 @@ impl EndpointShared {
             && !c.read_since_idle
             && c.link.quiet()
         {
-            return false;
+            return None;
         }
         let mut r = RxRail {
             ep: self,
@@ -627,11 +640,12 @@ impl EndpointShared {
             clock: None,
             ran_express: false,
             found: false,
+            retry: None,
         };
         r.run();
         if r.found {
             self.tx_check.store(true, Ordering::Release);
         }
-        r.found
+        r.found.then_some(r.retry)
     }
 }
