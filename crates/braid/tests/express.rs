@@ -48,6 +48,7 @@ over_both_links!(
     a_peer_that_goes_away_fails_the_express_writes_it_never_answered,
     small_sends_go_express_into_the_receives_in_order,
     answers_are_reaped_while_the_rail_waits_for_a_receive,
+    a_request_answered_before_the_peer_closes_completes_as_answered,
 );
 
 /// Polls `cq` (driving the endpoint's progress) `polls` times; the completions seen.
@@ -327,6 +328,68 @@ fn a_peer_that_goes_away_fails_the_express_writes_it_never_answered(p: Pair) {
         assert_ne!(c.status, Status::Success, "{c:?}");
     }
     assert!(client.is_closed());
+}
+
+/// The next receive completion of `cq`, passing over successful send completions.
+fn next_recv(cq: &braid::CompletionQueue) {
+    loop {
+        let c = next(cq);
+        assert_eq!(c.status, Status::Success, "{c:?}");
+        if c.kind == CompletionKind::RecvWriteImm {
+            return;
+        }
+    }
+}
+
+fn a_request_answered_before_the_peer_closes_completes_as_answered(p: Pair) {
+    let sdst = p.server_ctx.alloc_region(64, Access::all()).unwrap();
+    let cdst = p.client_ctx.alloc_region(64, Access::all()).unwrap();
+    let (sbuf, cbuf) = (
+        p.server_ctx.alloc_region(64, Access::all()).unwrap(),
+        p.client_ctx.alloc_region(64, Access::all()).unwrap(),
+    );
+    // A ping-pong first: each side's answers come carried by the other's replies, so a busy
+    // poller on a ring looks at the control page's answers only now and then.
+    for i in 0..8u64 {
+        p.server.post_recv(i, &[sbuf.slice(0, 8).unwrap()]).unwrap();
+        p.client.post_recv(i, &[cbuf.slice(0, 8).unwrap()]).unwrap();
+        let ping = cbuf.slice(8, 8).unwrap();
+        p.client
+            .write_with_imm(i, &[ping], &sdst.remote_key(), 0, i as u32)
+            .unwrap();
+        next_recv(&p.server_cq);
+        let pong = sbuf.slice(8, 8).unwrap();
+        p.server
+            .write_with_imm(i, &[pong], &cdst.remote_key(), 0, i as u32)
+            .unwrap();
+        next_recv(&p.client_cq);
+    }
+    // The server's last write gets no reply: its answer is only in the control page (or an
+    // `ExpressAnswer` frame) when the client closes right after executing it.
+    sbuf.write_at(16, b"last one").unwrap();
+    p.server
+        .write(100, &[sbuf.slice(16, 8).unwrap()], &cdst.remote_key(), 32)
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while cdst.to_vec(32, 8).unwrap() != b"last one" {
+        assert!(Instant::now() < deadline, "the write never landed");
+        let _ = p.client_cq.poll();
+    }
+    p.client.close();
+    // Whatever else completes (the ping-pong's writes), the last write completes as done.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no completion for the last write"
+        );
+        if let Some(c) = p.server_cq.poll()
+            && c.wr_id == 100
+        {
+            assert_eq!(c.status, Status::Success, "{c:?}");
+            break;
+        }
+    }
 }
 
 fn small_sends_go_express_into_the_receives_in_order(p: Pair) {

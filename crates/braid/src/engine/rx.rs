@@ -575,6 +575,22 @@ impl RxRail<'_> {
 
     pub(super) fn die(&mut self, why: &str) -> RxStep {
         self.found = true;
+        if self.c.express {
+            // Requests the peer answered before the rail ended (before its `Close`, say)
+            // complete as answered, not as failed with it, whatever a busy poller's lazy
+            // look at the control page left unreaped (errors here change nothing: the rail
+            // fails anyway). Those the peer's records carried, then the control page's.
+            for _ in 0..2 {
+                if self.c.link.express_unanswered() == 0 || !self.c.link.express_answered(true) {
+                    break;
+                }
+                let mut s = self.ep.session.lock();
+                let _ = self.c.link.reap_express(&mut |st| {
+                    let _ = s.express_acked(st);
+                });
+                self.ep.deliver(&mut s);
+            }
+        }
         self.c.state = RxState::Dead;
         self.ep.fail_rail(self.rail, why);
         // Nothing more is written into a placement of this rail: its memory may go.

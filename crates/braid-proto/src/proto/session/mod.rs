@@ -285,7 +285,10 @@ impl Session {
     pub fn close(&mut self) {
         if self.failed.is_none() {
             for r in self.rails.iter_mut().filter(|r| r.alive) {
-                r.ctrl.clear();
+                // Answers to what the peer asked and this side did go before the `Close`
+                // (a busy poller holds them for its next request to carry): without them
+                // the peer fails operations that took effect here.
+                r.ctrl.retain(|h| answers_peer(h.opcode));
                 r.ctrl.push_back(FrameHeader::new(Opcode::Close));
             }
         }
@@ -313,7 +316,10 @@ impl Session {
             self.recvs.push_front(recv);
         }
         for r in &mut self.rails {
-            r.ctrl.retain(|h| h.opcode == Opcode::Close);
+            // A side that closes still answers what it did (see `close`).
+            let closing = r.ctrl.iter().any(|h| h.opcode == Opcode::Close);
+            r.ctrl
+                .retain(|h| h.opcode == Opcode::Close || (closing && answers_peer(h.opcode)));
         }
         self.pending_writes.clear();
         for op in self.ops.drain(..) {
@@ -430,6 +436,15 @@ struct PostedRecv {
     capacity: u64,
 }
 
+/// A control frame that tells the peer what became of its request (done, an atomic's old
+/// value, express answers): sent even by a side that is closing.
+fn answers_peer(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::Done | Opcode::AtomicResponse | Opcode::ExpressAnswer
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -458,6 +473,36 @@ mod tests {
         );
         assert_eq!(s.rail_count(), 3);
         assert!(!s.is_failed());
+    }
+
+    #[test]
+    fn a_closing_side_still_sends_the_answers_it_owes() {
+        let mut p = Pair::new(SessionConfig::default(), 1);
+        let src = p.region(0, 4096, 7);
+        let dst = p.region(1, 4096, 0);
+        let w = Request::Write {
+            local: vec![src.as_sge()],
+            rkey: dst.remote_key().key,
+            addr: 0,
+            imm: None,
+        };
+        p.post(0, 1, w);
+        // Side 1 executes the write; its `Done` waits in its control queue, unsent, when
+        // it closes.
+        while p.tx_one(0, 0) {}
+        while p.rx_one(1, 0) {}
+        assert_eq!(dst.to_vec(0, 4096).unwrap(), vec![7; 4096]);
+        p.s[1].close();
+        p.run();
+        let got: Vec<_> = p.done[0].iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(got, [(1, Status::Success)]);
+        assert!(
+            p.errors[0]
+                .iter()
+                .any(|(_, e)| matches!(e, ProtocolError::PeerClosed)),
+            "{:?}",
+            p.errors[0]
+        );
     }
 
     #[test]
