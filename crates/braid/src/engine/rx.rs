@@ -174,43 +174,20 @@ impl RxRail<'_> {
                         }
                     }
                     if self.buffered() < HEADER_LEN {
-                        if self.c.start > 0 {
-                            self.c.buf.copy_within(self.c.start..self.c.end, 0);
-                            self.c.end -= self.c.start;
-                            self.c.start = 0;
-                        }
-                        if self.c.drained {
-                            self.set_lowat(1);
-                            self.rx_idle();
-                            match self.wait() {
-                                Some(step) => return step,
-                                None => continue,
+                        self.compact();
+                        if !self.c.drained {
+                            let want = if self.c.bulk { HEADER_LEN } else { RX_BUF };
+                            match self.fill(want.max(self.c.end + 1) - self.c.end) {
+                                Ok(true) => continue,
+                                Ok(false) => {}
+                                Err(step) => return step,
                             }
                         }
-                        let want = if self.c.bulk { HEADER_LEN } else { RX_BUF };
-                        let room = want.max(self.c.end + 1) - self.c.end;
-                        match self
-                            .c
-                            .link
-                            .recv(&mut self.c.buf[self.c.end..self.c.end + room])
-                        {
-                            Ok(0) => return self.die("peer closed the connection"),
-                            Ok(n) => {
-                                self.clock = None;
-                                self.c.end += n;
-                                self.c.drained = n < room;
-                                self.c.read_since_idle = true;
-                                continue;
-                            }
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                                self.set_lowat(1);
-                                self.rx_idle();
-                                match self.wait() {
-                                    Some(step) => return step,
-                                    None => continue,
-                                }
-                            }
-                            Err(e) => return self.die(&format!("receive failed: {e}")),
+                        self.set_lowat(1);
+                        self.rx_idle();
+                        match self.wait() {
+                            Some(step) => return step,
+                            None => continue,
                         }
                     }
                     match FrameHeader::decode(&self.c.buf[self.c.start..self.c.end]) {
@@ -386,24 +363,12 @@ impl RxRail<'_> {
     fn express_frame(&mut self, h: FrameHeader) -> Option<RxStep> {
         let need = HEADER_LEN + h.payload_len as usize;
         if self.buffered() < need {
-            if self.c.start > 0 {
-                self.c.buf.copy_within(self.c.start..self.c.end, 0);
-                self.c.end -= self.c.start;
-                self.c.start = 0;
-            }
+            self.compact();
             if !self.c.drained {
-                let room = RX_BUF - self.c.end;
-                self.clock = None;
-                match self.c.link.recv(&mut self.c.buf[self.c.end..]) {
-                    Ok(0) => return Some(self.die("peer closed the connection")),
-                    Ok(n) => {
-                        self.c.end += n;
-                        self.c.drained = n < room;
-                        self.c.read_since_idle = true;
-                        return None;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Some(self.die(&format!("receive failed: {e}"))),
+                match self.fill(RX_BUF - self.c.end) {
+                    Ok(true) => return None,
+                    Ok(false) => {}
+                    Err(step) => return Some(step),
                 }
             }
             self.set_lowat(need - self.buffered());
@@ -426,6 +391,37 @@ impl RxRail<'_> {
             }
             Ok(ExpressAction::Stall) => Some(RxStep::Wait),
             Err(e) => Some(self.die(&format!("protocol error: {e}"))),
+        }
+    }
+
+    /// Moves the bytes of the small buffer not taken yet to its start.
+    fn compact(&mut self) {
+        if self.c.start > 0 {
+            self.c.buf.copy_within(self.c.start..self.c.end, 0);
+            self.c.end -= self.c.start;
+            self.c.start = 0;
+        }
+    }
+
+    /// Reads up to `room` more bytes into the small buffer: `Ok(true)` when some came,
+    /// `Ok(false)` when the link had none; `Err` ends the loop (the rail failed).
+    fn fill(&mut self, room: usize) -> Result<bool, RxStep> {
+        match self
+            .c
+            .link
+            .recv(&mut self.c.buf[self.c.end..self.c.end + room])
+        {
+            Ok(0) => Err(self.die("peer closed the connection")),
+            Ok(n) => {
+                // The frames of this read are handed over with the time of this read.
+                self.clock = None;
+                self.c.end += n;
+                self.c.drained = n < room;
+                self.c.read_since_idle = true;
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(self.die(&format!("receive failed: {e}"))),
         }
     }
 
