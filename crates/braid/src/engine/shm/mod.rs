@@ -347,6 +347,14 @@ impl ShmLink {
         self.next_record_at.store(at, Ordering::Relaxed);
     }
 
+    /// The tag at the next record's start, read without the cursor's lock (`None` inside a
+    /// record): a hint. A stale position (another thread reading meanwhile) holds a consumed
+    /// record's tag, never a zero one, so a hint taken from it errs on the safe side.
+    fn next_tag(&self) -> Option<u8> {
+        let at = self.next_record_at.load(Ordering::Relaxed);
+        (at != u64::MAX).then(|| self.rx.tag(at))
+    }
+
     /// [`ShmLink::take`] with the cursor locked.
     fn take_from(&self, c: &mut RxCursor, dest: &mut Dest<'_>) -> io::Result<usize> {
         let mut got = 0usize;
@@ -709,19 +717,13 @@ impl Transport for ShmLink {
     }
 
     fn quiet(&self) -> bool {
-        // A stale position (another thread reading meanwhile) holds a consumed record's
-        // tag, never a zero one: the answer is then "not quiet", which is always safe.
-        let at = self.next_record_at.load(Ordering::Relaxed);
-        at != u64::MAX
-            && self.rx.tag(at) == 0
+        self.next_tag() == Some(0)
             && !self.ended.load(Ordering::Acquire)
             && !self.express_answers_waiting(false)
     }
 
     fn express_next(&self) -> bool {
-        // A hint, as `quiet`: read without the cursor's lock.
-        let at = self.next_record_at.load(Ordering::Relaxed);
-        at != u64::MAX && self.rx.tag(at) == EXPRESS
+        self.next_tag() == Some(EXPRESS)
     }
 
     fn express_unanswered(&self) -> u64 {
