@@ -9,6 +9,9 @@
 //! * [`Session`]: one endpoint's protocol state over all its rails, fed with frame headers
 //!   and payloads by a driver and drained of frames to send, placements and completions.
 //!
+//! * [`link`]: a reliable ordered byte stream over lossy datagrams, for raw-Ethernet
+//!   rails (not wired into a rail yet).
+//!
 //! Applications use the `braid` crate, which drives a [`Session`] per endpoint from its
 //! progress engine and re-exports the user-facing types of this crate. The simulator tests
 //! and the fuzz targets drive a [`Session`] directly.
@@ -16,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod link;
 pub mod mem;
 mod proto;
 pub mod wire;
