@@ -14,6 +14,7 @@ use crate::mode::XdpMode;
 // bpf(2) commands and types (linux/bpf.h).
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
@@ -88,6 +89,17 @@ impl SocketMap {
             .call(BPF_MAP_UPDATE_ELEM)
             .map_err(|e| XdpError::Bpf("registering the socket in the map", e))?;
         Ok(())
+    }
+
+    /// Takes queue `queue`'s socket out of the map. The map holds a reference to the socket
+    /// that would otherwise go only when the kernel frees the map, some time after the
+    /// program is detached, and the queue stays bound (`EBUSY`) until then.
+    pub(crate) fn clear(&self, queue: u32) {
+        let key = queue;
+        let _ = Attr::new()
+            .u32_at(0, self.fd.as_raw_fd() as u32)
+            .u64_at(8, &key as *const u32 as u64)
+            .call(BPF_MAP_DELETE_ELEM);
     }
 }
 

@@ -26,7 +26,8 @@ pub enum XdpError {
     /// The port's configuration is impossible.
     #[error("bad port configuration: {0}")]
     Config(String),
-    /// A frame longer than the interface carries (MTU plus header, at most a slot), or
+    /// A frame longer than the interface carries (MTU plus header, at most a slot less the
+    /// receive headroom), or
     /// shorter than an Ethernet header.
     #[error("a frame of {len} bytes does not fit (14..={max} bytes)")]
     FrameSize {

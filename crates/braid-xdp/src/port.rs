@@ -24,6 +24,13 @@ pub const ETHERTYPE: u16 = 0x88b5;
 /// Length of an Ethernet header (no VLAN tag).
 pub const ETHER_HEADER: usize = 14;
 
+/// Attempts to bind a queue that is busy, 10 ms apart.
+const BIND_TRIES: u32 = 100;
+
+/// Room the kernel keeps before a received frame in its slot (`XDP_PACKET_HEADROOM`): a
+/// frame longer than the slot less this is dropped on receipt.
+const XDP_PACKET_HEADROOM: u32 = 256;
+
 /// How to open a [`Port`].
 #[derive(Clone, Debug)]
 pub struct PortConfig {
@@ -124,11 +131,20 @@ pub struct Port {
     /// Send slots not in the kernel's hands.
     free: Vec<u64>,
     frame_size: u32,
-    /// The longest frame sent: the interface's MTU plus a header, at most a slot.
+    /// The longest frame sent: the interface's MTU plus a header, at most a slot less the
+    /// receive headroom.
     max_frame: usize,
     /// Frames submitted to the transmit ring since the last successful kick.
     unkicked: bool,
     mac: [u8; 6],
+    queue: u32,
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        // Before the socket closes: the queue is free again as soon as it has.
+        self._map.clear(self.queue);
+    }
 }
 
 // SAFETY: every pointer in a port points into mappings it owns; it is not `Sync`, so one
@@ -324,19 +340,27 @@ impl Port {
             sxdp_queue_id: cfg.queue,
             sxdp_shared_umem_fd: 0,
         };
-        // SAFETY: a valid sockaddr_xdp of its own size.
-        let r = unsafe {
-            libc::bind(
-                sock.as_raw_fd(),
-                (&addr as *const libc::sockaddr_xdp).cast(),
-                size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(XdpError::Socket(
-                "binding it to the queue",
-                io::Error::last_os_error(),
-            ));
+        // A socket closed a moment ago leaves the queue bound until a kernel work item
+        // runs (`EBUSY`): wait for it, boundedly (a queue another socket holds stays busy).
+        let mut tries = 0;
+        loop {
+            // SAFETY: a valid sockaddr_xdp of its own size.
+            let r = unsafe {
+                libc::bind(
+                    sock.as_raw_fd(),
+                    (&addr as *const libc::sockaddr_xdp).cast(),
+                    size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+                )
+            };
+            if r == 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            tries += 1;
+            if e.raw_os_error() != Some(libc::EBUSY) || tries >= BIND_TRIES {
+                return Err(XdpError::Socket("binding it to the queue", e));
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
         map.set(cfg.queue, sock.as_raw_fd())?;
         let free = (half..cfg.frames)
@@ -353,9 +377,11 @@ impl Port {
             umem,
             free,
             frame_size: cfg.frame_size,
-            max_frame: (mtu as usize + ETHER_HEADER).min(cfg.frame_size as usize),
+            max_frame: (mtu as usize + ETHER_HEADER)
+                .min((cfg.frame_size - XDP_PACKET_HEADROOM) as usize),
             unkicked: false,
             mac,
+            queue: cfg.queue,
         })
     }
 
@@ -365,7 +391,8 @@ impl Port {
     }
 
     /// The longest frame the port sends: the interface's MTU plus the Ethernet header
-    /// (read when the port opened), at most a slot.
+    /// (read when the port opened), at most a slot less the kernel's receive headroom
+    /// (256 bytes), since the peer's port could not take more.
     pub fn max_frame(&self) -> usize {
         self.max_frame
     }

@@ -4,6 +4,7 @@
 
 mod handshake;
 mod listener;
+mod raw_rail;
 mod redial;
 mod same_host;
 #[cfg(test)]

@@ -134,19 +134,27 @@ pub enum RailTransport {
     Auto,
     /// Every rail stays a TCP connection (for comparisons, and tests of the TCP path).
     Tcp,
+    /// Each rail moves onto raw Ethernet frames through an AF_XDP port on its device after
+    /// its TCP handshake, when both ends can open one (root; see docs/RAW-ETHERNET.md);
+    /// otherwise it stays TCP. For unshaped links: the frames pass the device's queueing
+    /// discipline (`tbf`) by.
+    Raw,
 }
 
 impl RailTransport {
     /// The choice `BRAID_TRANSPORT` names; [`RailTransport::Auto`] when unset. A value
-    /// that is neither `auto` nor `tcp` is reported and taken as `auto`.
+    /// that is not `auto`, `tcp` or `raw` is reported and taken as `auto`.
     pub fn from_env() -> RailTransport {
         match std::env::var(TRANSPORT_ENV) {
             Err(_) => RailTransport::Auto,
             Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
                 "tcp" => RailTransport::Tcp,
+                "raw" => RailTransport::Raw,
                 "auto" | "" => RailTransport::Auto,
                 other => {
-                    tracing::warn!("{TRANSPORT_ENV}={other}: expected auto or tcp; using auto");
+                    tracing::warn!(
+                        "{TRANSPORT_ENV}={other}: expected auto, tcp or raw; using auto"
+                    );
                     RailTransport::Auto
                 }
             },
@@ -228,8 +236,13 @@ impl Endpoint {
         self.shared.session.lock().rail_data_sent()
     }
 
-    /// The transport carrying each rail now: `tcp`, or `shm` for a same-host ring (see
-    /// [`RailTransport`]).
+    /// Times each rail was re-established after a failure (re-dialled or re-joined).
+    pub fn rail_restores(&self) -> Vec<u64> {
+        self.shared.rails.iter().map(|r| r.restores()).collect()
+    }
+
+    /// The transport carrying each rail now: `tcp`, `shm` for a same-host ring, or `raw`
+    /// for raw Ethernet frames (see [`RailTransport`]).
     pub fn rail_transports(&self) -> Vec<&'static str> {
         self.shared.rails.iter().map(|r| r.kind()).collect()
     }

@@ -39,6 +39,11 @@ pub mod caps {
     /// says where it runs ([`super::SameHostOffer`]). Reply: the accepting side runs there
     /// too, and takes the offer.
     pub const SAME_HOST: u32 = 1 << 3;
+    /// Hello: the connecting side offers to move the rail onto raw Ethernet frames (it has
+    /// an AF_XDP port on the rail's device). Reply: the accepting side has one too, and
+    /// takes the offer; both then exchange their hardware address and rail tag over the
+    /// connection (docs/PROTOCOL.md, "Raw-Ethernet rails").
+    pub const RAW: u32 = 1 << 4;
 }
 
 /// The connecting side's offer of a same-host rail, in a [`Hello`] whose capabilities

@@ -9,6 +9,7 @@ use std::time::Instant;
 use socket2::{Domain, Socket, Type};
 
 use super::RailLink;
+use super::raw_rail::RawOffer;
 use super::same_host::Offer;
 use crate::endpoint::{EndpointOptions, RailAddr, RailTransport};
 use crate::engine::shm::DEFAULT_RING_BYTES;
@@ -75,10 +76,17 @@ pub(super) fn connect_rail(
         RailTransport::Auto => {
             Offer::new(session_id, index, DEFAULT_RING_BYTES, opts.page_exchange)
         }
-        RailTransport::Tcp => None,
+        RailTransport::Tcp | RailTransport::Raw => None,
     };
     if offer.is_some() {
         capabilities |= caps::SAME_HOST;
+    }
+    let raw = match opts.transport {
+        RailTransport::Raw => RawOffer::new(&stream),
+        _ => None,
+    };
+    if raw.is_some() {
+        capabilities |= caps::RAW;
     }
     let hello = Hello {
         version: HANDSHAKE_VERSION,
@@ -163,15 +171,17 @@ pub(super) fn connect_rail(
         }
     }
     let addrs = (stream.local_addr()?, stream.peer_addr()?);
-    let link: Arc<dyn crate::engine::transport::Transport> =
-        match offer.filter(|_| reply.capabilities & caps::SAME_HOST != 0) {
-            Some(offer) => Arc::new(offer.complete(&hello.nonce, &stream, deadline)?),
-            None => {
-                stream.set_read_timeout(None)?;
-                stream.set_write_timeout(None)?;
-                Arc::new(Tcp::new(stream)?)
-            }
-        };
+    let same_host = offer.filter(|_| reply.capabilities & caps::SAME_HOST != 0);
+    let raw = raw.filter(|_| reply.capabilities & caps::RAW != 0);
+    let link: Arc<dyn crate::engine::transport::Transport> = match (same_host, raw) {
+        (Some(offer), _) => Arc::new(offer.complete(&hello.nonce, &stream, deadline)?),
+        (None, Some(raw)) => Arc::new(raw.complete(stream, deadline)?),
+        (None, None) => {
+            stream.set_read_timeout(None)?;
+            stream.set_write_timeout(None)?;
+            Arc::new(Tcp::new(stream)?)
+        }
+    };
     Ok((RailLink { link, addrs }, reply.capabilities))
 }
 

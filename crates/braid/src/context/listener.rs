@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::handshake::nonce;
+use super::raw_rail::RawOffer;
 use super::{Context, RailLink, same_host};
 use crate::endpoint::{Endpoint, EndpointOptions, RailTransport};
 use crate::engine::Command;
@@ -112,6 +113,9 @@ struct ListenerShared {
     /// Same-host offers are taken (`EndpointOptions::transport` of `accept`; before the
     /// first `accept`, `BRAID_TRANSPORT`).
     take_same_host: AtomicBool,
+    /// Raw-Ethernet offers are taken (unless `EndpointOptions::transport` of `accept`, or
+    /// before it `BRAID_TRANSPORT`, says TCP).
+    take_raw: AtomicBool,
     /// Same-host rails send by page exchange (`EndpointOptions::page_exchange` of
     /// `accept`; before the first `accept`, `BRAID_PAGE_EXCHANGE`).
     page_exchange: AtomicBool,
@@ -159,6 +163,7 @@ impl Listener {
             ready_cv: parking_lot::Condvar::new(),
             want_crc: AtomicBool::new(false),
             take_same_host: AtomicBool::new(RailTransport::from_env() == RailTransport::Auto),
+            take_raw: AtomicBool::new(RailTransport::from_env() != RailTransport::Tcp),
             page_exchange: AtomicBool::new(crate::endpoint::page_exchange_from_env()),
             chunk_size: std::sync::atomic::AtomicU32::new(
                 braid_proto::SessionConfig::default().chunk_size as u32,
@@ -194,6 +199,8 @@ impl Listener {
             .store(opts.session.payload_crc, Ordering::Release);
         sh.take_same_host
             .store(opts.transport == RailTransport::Auto, Ordering::Release);
+        sh.take_raw
+            .store(opts.transport != RailTransport::Tcp, Ordering::Release);
         sh.page_exchange
             .store(opts.page_exchange, Ordering::Release);
         sh.chunk_size
@@ -457,11 +464,20 @@ impl ListenerShared {
         if same_host.is_some() {
             reply.capabilities |= caps::SAME_HOST;
         }
+        // A raw-Ethernet offer is taken when this side can open a port on the rail's device.
+        let raw = (same_host.is_none()
+            && hello.capabilities & caps::RAW != 0
+            && self.take_raw.load(Ordering::Acquire))
+        .then(|| RawOffer::new(&stream))
+        .flatten();
+        if raw.is_some() {
+            reply.capabilities |= caps::RAW;
+        }
         // After the reply: the link the rail runs on.
         let link = |stream: TcpStream| -> Result<RailLink, Error> {
             let addrs = (stream.local_addr()?, stream.peer_addr()?);
-            let link: Arc<dyn Transport> = match same_host {
-                Some(o) => Arc::new(same_host::take_ring(
+            let link: Arc<dyn Transport> = match (same_host, raw) {
+                (Some(o), _) => Arc::new(same_host::take_ring(
                     hello.session_id,
                     hello.rail_index,
                     o,
@@ -469,7 +485,8 @@ impl ListenerShared {
                     deadline,
                     self.page_exchange.load(Ordering::Acquire),
                 )?),
-                None => {
+                (None, Some(raw)) => Arc::new(raw.complete(stream, deadline)?),
+                (None, None) => {
                     stream.set_read_timeout(None)?;
                     stream.set_write_timeout(None)?;
                     Arc::new(Tcp::new(stream)?)
@@ -494,7 +511,7 @@ impl ListenerShared {
                     status,
                 });
             };
-            reply.capabilities = (reply.capabilities & caps::SAME_HOST)
+            reply.capabilities = (reply.capabilities & (caps::SAME_HOST | caps::RAW))
                 | if ep.session.lock().config().payload_crc {
                     caps::PAYLOAD_CRC32C
                 } else {

@@ -165,6 +165,31 @@ pub(crate) fn local_fault(fd: RawFd) -> Option<String> {
     }
 }
 
+/// The network namespace of socket `fd` and the name of the device holding its local
+/// (IPv4) address: where a raw rail under the socket's connection opens its port.
+pub(crate) fn device_of_socket(fd: RawFd) -> io::Result<(OwnedFd, String)> {
+    // SAFETY: `fd` is a socket the caller holds open for the duration of the call.
+    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let local = rustix::net::getsockname(sock)?;
+    let ip = match std::net::SocketAddr::try_from(local).map_err(io::Error::other)? {
+        std::net::SocketAddr::V4(a) => *a.ip(),
+        std::net::SocketAddr::V6(a) => {
+            return Err(io::Error::other(format!("{a}: raw rails are IPv4 only")));
+        }
+    };
+    let name = match device_of(fd, ip)? {
+        Some((name, _)) => name,
+        // Every 127/8 address is local through lo without being listed.
+        None if ip.is_loopback() => "lo".to_string(),
+        None => {
+            return Err(io::Error::other(format!(
+                "local address {ip} is on no device"
+            )));
+        }
+    };
+    Ok((socket_netns(fd)?, name))
+}
+
 /// Whether device `name` (in the namespace of socket `fd`) has a carrier, as its driver
 /// tells; `None` when it does not say.
 fn carrier(fd: RawFd, name: &str) -> Option<bool> {

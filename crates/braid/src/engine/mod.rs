@@ -11,6 +11,7 @@ mod express;
 pub(crate) mod io;
 mod linkwatch;
 mod rail_worker;
+pub(crate) mod raw;
 mod rx;
 pub(crate) mod shm;
 pub(crate) mod transport;
@@ -92,6 +93,8 @@ pub(crate) struct RailIo {
     /// another endpoint) may reuse a closed socket's number, and whoever keeps descriptors
     /// in an epoll set must tell the two apart.
     link_gen: AtomicU64,
+    /// Times a new link took the place of a failed one.
+    restores: AtomicU64,
     tx: Mutex<TxState>,
     rx: Mutex<RxCore>,
 }
@@ -105,6 +108,7 @@ impl RailIo {
             muted: AtomicBool::new(false),
             express: AtomicBool::new(link.carries_express()),
             link_gen: AtomicU64::new(next_link_id()),
+            restores: AtomicU64::new(0),
             rx: Mutex::new(RxCore::new(link.clone())),
             tx: Mutex::new(TxState::new(link)),
         }
@@ -134,6 +138,11 @@ impl RailIo {
         self.tx.lock().link.kind()
     }
 
+    /// Times a new link took the place of a failed one.
+    pub(crate) fn restores(&self) -> u64 {
+        self.restores.load(Ordering::Acquire)
+    }
+
     /// Puts a new link in place of the old one (which is closed when its last user lets
     /// go), with fresh transmit and receive state.
     fn replace(&self, link: Arc<dyn Transport>) {
@@ -149,6 +158,7 @@ impl RailIo {
         self.tx_blocked.store(false, Ordering::Release);
         drop(tx);
         *self.rx.lock() = RxCore::new(link);
+        self.restores.fetch_add(1, Ordering::AcqRel);
     }
 }
 

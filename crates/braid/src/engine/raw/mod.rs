@@ -1,0 +1,401 @@
+//! Raw-Ethernet rails: the session's byte stream as [`braid_proto::link`] datagrams in
+//! Ethernet frames of their own type, through the device's AF_XDP port ([`hub`]), with no
+//! IP and no TCP on the data path (docs/RAW-ETHERNET.md). The rail's TCP connection stays
+//! open beside it, carrying nothing: its end tells that the peer closed or died.
+//!
+//! Timers are serviced whenever the link is touched: every send and receive, every empty
+//! poll, and the engine's periodic sample. Acknowledgements ride on data (braid's session
+//! answers every operation, so data flows both ways), go alone after 50 µs when the link
+//! is polled, and at once for a quarter window or for data out of order.
+
+pub(crate) mod hub;
+
+use std::io;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use braid_proto::link::{LINK_HEADER, Link, LinkConfig};
+use parking_lot::Mutex;
+
+use super::io::Received;
+use super::transport::{LinkSample, Transport};
+use hub::{Hub, Inbox};
+
+/// How often a busy poller looks at the control connection for the peer's end.
+const CONTROL_LOOK: Duration = Duration::from_millis(1);
+/// Empty polls closer together than this are a busy poller's.
+const BUSY_GAP: Duration = Duration::from_micros(20);
+
+struct State {
+    link: Link,
+    /// One datagram being built or received.
+    scratch: Vec<u8>,
+    /// Bytes moved between the link and the caller's pieces.
+    bounce: Vec<u8>,
+    last_rx: Instant,
+    last_ack: Instant,
+    unacked: usize,
+    last_empty: Instant,
+    control_looked: Instant,
+    /// The peer closed (its control connection ended).
+    ended: bool,
+    error: Option<io::Error>,
+}
+
+/// One raw rail.
+pub(crate) struct RawLink {
+    hub: Arc<Hub>,
+    inbox: Arc<Mutex<Inbox>>,
+    state: Mutex<State>,
+    peer: [u8; 6],
+    /// The peer's tag for this rail (frames we send carry it).
+    peer_tag: u32,
+    control: TcpStream,
+    /// An epoll set of the port's socket and the control connection: the readiness the
+    /// engine polls.
+    readiness: OwnedFd,
+    _port_fd: OwnedFd,
+}
+
+impl RawLink {
+    /// A rail over `hub` to the peer at hardware address `peer`, which tags its frames for
+    /// us with the tag of `inbox` and wants ours tagged `peer_tag`; `control` is the rail's
+    /// TCP connection, handshake done.
+    pub(crate) fn new(
+        hub: Arc<Hub>,
+        inbox: Arc<Mutex<Inbox>>,
+        peer: [u8; 6],
+        peer_tag: u32,
+        control: TcpStream,
+    ) -> io::Result<RawLink> {
+        control.set_nonblocking(true)?;
+        // SAFETY: plain epoll creation; owned at once.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned it.
+        let readiness = unsafe { OwnedFd::from_raw_fd(ep) };
+        let port_fd = hub.readiness()?;
+        for fd in [port_fd.as_raw_fd(), control.as_raw_fd()] {
+            let mut ev = libc::epoll_event {
+                events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+                u64: fd as u64,
+            };
+            // SAFETY: valid descriptors and event.
+            if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        let max_payload = hub.max_datagram() - LINK_HEADER;
+        let cfg = LinkConfig {
+            max_payload,
+            send_buffer: 2 << 20,
+            recv_buffer: 1 << 20,
+            ack_every: 256 << 10,
+            ..LinkConfig::default()
+        };
+        let now = Instant::now();
+        Ok(RawLink {
+            state: Mutex::new(State {
+                link: Link::new(cfg),
+                scratch: vec![0; LINK_HEADER + max_payload],
+                bounce: Vec::new(),
+                last_rx: now,
+                last_ack: now,
+                unacked: 0,
+                last_empty: now,
+                control_looked: now,
+                ended: false,
+                error: None,
+            }),
+            hub,
+            inbox,
+            peer,
+            peer_tag,
+            control,
+            readiness,
+            _port_fd: port_fd,
+        })
+    }
+
+    /// Takes what came, then sends what is due (acknowledgements, resends).
+    fn service(&self, st: &mut State, now: Instant) -> io::Result<()> {
+        self.hub.pump();
+        let mut bad = None;
+        let mut any = false;
+        self.inbox.lock().drain(|d| {
+            any = true;
+            if bad.is_none()
+                && let Err(e) = st.link.on_datagram(now, d)
+            {
+                bad = Some(e);
+            }
+        });
+        if let Some(e) = bad {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+        }
+        if any {
+            st.last_rx = now;
+        }
+        let unacked = st.link.unacknowledged();
+        if unacked < st.unacked || unacked == 0 {
+            st.last_ack = now;
+        }
+        st.unacked = unacked;
+        self.transmit(st, now)
+    }
+
+    /// Sends every datagram the link has due.
+    fn transmit(&self, st: &mut State, now: Instant) -> io::Result<()> {
+        let mut sent = false;
+        loop {
+            let n = match st.link.poll_datagram(now, &mut st.scratch) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(e) => return Err(io::Error::new(io::ErrorKind::TimedOut, e)),
+            };
+            // A datagram the device cannot take now is as good as lost: the link resends.
+            self.hub.send(self.peer, self.peer_tag, &st.scratch[..n])?;
+            sent = true;
+        }
+        if sent {
+            self.hub.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Whether the peer ended the control connection (looked at most every
+    /// [`CONTROL_LOOK`] by a busy poller, at every empty read otherwise).
+    fn peer_ended(&self, st: &mut State, now: Instant) -> bool {
+        if st.ended {
+            return true;
+        }
+        let busy = now.duration_since(st.last_empty) < BUSY_GAP;
+        st.last_empty = now;
+        if busy && now.duration_since(st.control_looked) < CONTROL_LOOK {
+            return false;
+        }
+        st.control_looked = now;
+        let mut b = [0u8; 1];
+        // SAFETY: a one-byte peek into a local buffer.
+        let r = unsafe {
+            libc::recv(
+                self.control.as_raw_fd(),
+                b.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if r == 0 {
+            st.ended = true;
+        } else if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::WouldBlock {
+                st.error = Some(e);
+                st.ended = true;
+            }
+        }
+        st.ended
+    }
+
+    /// Reads into `dst` pieces; `Ok(0)` when the link is empty (or ended: see the callers).
+    fn read_into(
+        &self,
+        st: &mut State,
+        dst: &[(*mut u8, usize)],
+        fragile: bool,
+    ) -> io::Result<usize> {
+        let want: usize = dst.iter().map(|p| p.1).sum();
+        let n = st.link.readable().min(want);
+        if n == 0 {
+            return Ok(0);
+        }
+        st.bounce.resize(n, 0);
+        let now = Instant::now();
+        let got = st.link.read(now, &mut st.bounce[..n]);
+        let mut off = 0;
+        for &(p, len) in dst {
+            if off == got {
+                break;
+            }
+            let take = len.min(got - off);
+            // SAFETY: the caller's pieces are valid for their lengths (file pages may be
+            // truncated when `fragile`: the checked copy reports them).
+            let done = unsafe {
+                if fragile {
+                    braid_proto::mem::file::copy_checked(st.bounce.as_ptr().add(off), p, take)
+                } else {
+                    std::ptr::copy_nonoverlapping(st.bounce.as_ptr().add(off), p, take);
+                    take
+                }
+            };
+            if done < take {
+                return Err(io::Error::from_raw_os_error(libc::EFAULT));
+            }
+            off += take;
+        }
+        // Reading may reopen the window: the peer hears of it now.
+        self.transmit(st, now)?;
+        Ok(got)
+    }
+}
+
+impl Transport for RawLink {
+    fn readiness_fd(&self) -> RawFd {
+        self.readiness.as_raw_fd()
+    }
+
+    fn kind(&self) -> &'static str {
+        "raw"
+    }
+
+    fn send(
+        &self,
+        pieces: &[(*const u8, usize)],
+        skip: usize,
+        fragile: bool,
+        _stable: &[bool],
+    ) -> io::Result<usize> {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        if let Some(e) = st.link.error() {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, e.clone()));
+        }
+        let mut skip = skip;
+        let mut taken = 0;
+        for &(p, len) in pieces {
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            let room = st.link.writable();
+            let (p, len) = (p.wrapping_add(skip), (len - skip).min(room));
+            skip = 0;
+            if len == 0 {
+                break;
+            }
+            st.bounce.resize(len, 0);
+            // SAFETY: the caller's piece is valid for its length (file pages may be
+            // truncated when `fragile`: the checked copy reports them).
+            let done = unsafe {
+                if fragile {
+                    braid_proto::mem::file::copy_checked(p, st.bounce.as_mut_ptr(), len)
+                } else {
+                    std::ptr::copy_nonoverlapping(p, st.bounce.as_mut_ptr(), len);
+                    len
+                }
+            };
+            taken += st.link.write(&st.bounce[..done]);
+            if done < len {
+                // A truncated file page: an error before any byte, a short count after.
+                if taken == 0 {
+                    return Err(io::Error::from_raw_os_error(libc::EFAULT));
+                }
+                break;
+            }
+        }
+        let now = Instant::now();
+        self.service(st, now)?;
+        if taken == 0 && pieces.iter().map(|p| p.1).sum::<usize>() > 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(taken)
+    }
+
+    fn recv_pieces(
+        &self,
+        pieces: &[(*mut u8, usize)],
+        skip: usize,
+        tail: Option<(*mut u8, usize)>,
+        fragile: bool,
+    ) -> io::Result<Received> {
+        let mut dst: Vec<(*mut u8, usize)> = Vec::with_capacity(pieces.len() + 1);
+        let mut skip = skip;
+        for &(p, len) in pieces {
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            dst.push((p.wrapping_add(skip), len - skip));
+            skip = 0;
+        }
+        dst.extend(tail);
+        let asked = dst.iter().map(|p| p.1).sum();
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let now = Instant::now();
+        self.service(st, now)?;
+        let got = self.read_into(st, &dst, fragile)?;
+        if got == 0 && asked > 0 {
+            if self.peer_ended(st, now) {
+                return match st.error.take() {
+                    Some(e) => Err(e),
+                    None => Ok(Received { got: 0, asked }),
+                };
+            }
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(Received { got, asked })
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv_pieces(&[], 0, Some((buf.as_mut_ptr(), buf.len())), false)
+            .map(|r| r.got)
+    }
+
+    fn set_wake_threshold(&self, _bytes: usize) -> io::Result<()> {
+        // Readiness comes with every frame; the reader reads what is there.
+        Ok(())
+    }
+
+    fn bytes_waiting(&self) -> Option<usize> {
+        Some(self.state.lock().link.readable())
+    }
+
+    fn arm(&self, want: usize) -> io::Result<bool> {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        self.service(st, Instant::now())?;
+        Ok(st.link.readable() >= want.max(1))
+    }
+
+    fn sample(&self) -> Option<LinkSample> {
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        // The engine's tick: the moment a sleeping link's resend timer is looked at.
+        if let Err(e) = self.service(&mut st, now) {
+            st.error = Some(e);
+        }
+        let unacked = st.link.unacknowledged();
+        Some(LinkSample {
+            delivery_rate: None,
+            since_data_recv: now.duration_since(st.last_rx),
+            unacked: unacked.div_ceil(self.hub.max_datagram()) as u32,
+            since_ack_recv: now.duration_since(st.last_ack),
+            rtt: Duration::from_micros(50),
+        })
+    }
+
+    fn local_fault(&self) -> Option<String> {
+        super::linkwatch::local_fault(self.control.as_raw_fd())
+    }
+
+    fn take_error(&self) -> Option<io::Error> {
+        let mut st = self.state.lock();
+        if let Some(e) = st.error.take() {
+            return Some(e);
+        }
+        if let Some(e) = st.link.error() {
+            return Some(io::Error::new(io::ErrorKind::TimedOut, e.clone()));
+        }
+        self.control.take_error().ok().flatten()
+    }
+
+    fn shutdown(&self) {
+        let _ = self.control.shutdown(Shutdown::Both);
+        self.state.lock().ended = true;
+    }
+}
