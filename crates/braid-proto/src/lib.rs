@@ -9,8 +9,8 @@
 //! * [`Session`]: one endpoint's protocol state over all its rails, fed with frame headers
 //!   and payloads by a driver and drained of frames to send, placements and completions.
 //!
-//! * [`link`]: a reliable ordered byte stream over lossy datagrams, for raw-Ethernet
-//!   rails (not wired into a rail yet).
+//! * [`link`]: a reliable ordered byte stream over lossy datagrams, which raw-Ethernet
+//!   rails run on.
 //!
 //! Applications use the `braid` crate, which drives a [`Session`] per endpoint from its
 //! progress engine and re-exports the user-facing types of this crate. The simulator tests

@@ -2,7 +2,8 @@
 //! reordered: what a raw-Ethernet rail needs under the session, which expects every rail
 //! to be such a stream (docs/RAW-ETHERNET.md). Sans-IO: the driver feeds received
 //! datagrams to [`Link::on_datagram`], asks [`Link::poll_datagram`] for the next one to
-//! send, and wakes at [`Link::poll_timeout`]. Nothing here is wired into a rail yet.
+//! send, and wakes at [`Link::poll_timeout`]. braid's raw rails drive it
+//! (`braid::engine::raw`).
 //!
 //! The protocol is go-back-N, which suits links that lose little and never reorder (a
 //! veth, a switched LAN): every datagram carries a header of 16 bytes, little-endian:

@@ -15,7 +15,8 @@
 //!   received ones to a closure, [`Port::wait_readable`] sleeps for one.
 //!
 //! Reliability, ordering, addressing of peers and the mapping onto braid's rails are the
-//! transport's business, not this crate's. `examples/xdp_pingpong.rs` measures the floor a
+//! transport's business, not this crate's: braid's raw rails (`BRAID_TRANSPORT=raw`) use
+//! one port per device for all of them. `examples/xdp_pingpong.rs` measures the floor a
 //! raw-Ethernet rail stands on (`scripts/xdp-lat.sh` runs it beside TCP on a testbed rail).
 //!
 //! Limits: copy mode only (`XDP_COPY`: every driver, one copy each way); one port per
