@@ -53,7 +53,7 @@ impl RawOffer {
         stream.set_read_timeout(Some(left))?;
         stream.set_write_timeout(Some(left))?;
         // The peer's address is not known yet: until it is, the tag alone admits frames.
-        let (tag, inbox) = self.hub.join([0; 6]);
+        let (tag, inbox) = self.hub.join([0; 6])?;
         let mut hello = [0u8; HELLO_LEN];
         hello[..4].copy_from_slice(&MAGIC);
         hello[4..10].copy_from_slice(&self.hub.mac());
@@ -77,7 +77,7 @@ impl RawOffer {
         inbox.lock().set_peer(mac);
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(None)?;
-        Ok(RawLink::new(self.hub, inbox, mac, peer_tag, stream)?)
+        Ok(RawLink::new(self.hub, (tag, inbox), mac, peer_tag, stream)?)
     }
 }
 

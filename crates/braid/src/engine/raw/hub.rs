@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Weak};
 
@@ -24,11 +24,15 @@ const PUMP_BATCH: usize = 64;
 const INBOX_MAX: usize = 8 << 20;
 
 /// Received datagrams of one rail, each as its length (`u16`) then its bytes.
-#[derive(Default)]
 pub(crate) struct Inbox {
     bytes: Vec<u8>,
     /// Source address each datagram must come from (the peer's), set when the rail joins.
     peer: [u8; 6],
+    /// An eventfd in the rail's readiness set: rung when another rail's reader put frames
+    /// here. The port's own readiness would not do: that reader emptied the port, and a
+    /// reader asleep on this rail would not wake for frames already taken off it.
+    bell: OwnedFd,
+    rung: bool,
 }
 
 impl Inbox {
@@ -37,8 +41,33 @@ impl Inbox {
         self.peer = peer;
     }
 
+    /// Bytes of datagrams (with their length prefixes) waiting.
+    #[cfg(test)]
+    pub(crate) fn bytes_waiting(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// The bell's descriptor, for the rail's readiness set.
+    pub(crate) fn bell(&self) -> RawFd {
+        self.bell.as_raw_fd()
+    }
+
+    fn ring(&mut self) {
+        if !self.rung {
+            self.rung = true;
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: an 8-byte write from a local buffer to our eventfd.
+            unsafe { libc::write(self.bell.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
+    }
+
     /// Hands every datagram to `f` in arrival order and empties the inbox.
     pub(crate) fn drain(&mut self, mut f: impl FnMut(&[u8])) {
+        if std::mem::take(&mut self.rung) {
+            let mut b = [0u8; 8];
+            // SAFETY: an 8-byte read into a local buffer from our (non-blocking) eventfd.
+            unsafe { libc::read(self.bell.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+        }
         let mut at = 0;
         while at + 2 <= self.bytes.len() {
             let n = u16::from_le_bytes([self.bytes[at], self.bytes[at + 1]]) as usize;
@@ -118,10 +147,18 @@ impl Hub {
 
     /// Registers a rail that takes frames from `peer` under a fresh tag; returns the tag
     /// and the rail's inbox (the rail leaves the table when the inbox is dropped).
-    pub(crate) fn join(&self, peer: [u8; 6]) -> (u32, Arc<Mutex<Inbox>>) {
+    pub(crate) fn join(&self, peer: [u8; 6]) -> io::Result<(u32, Arc<Mutex<Inbox>>)> {
+        // SAFETY: plain eventfd creation; owned at once.
+        let bell = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if bell < 0 {
+            return Err(io::Error::last_os_error());
+        }
         let inbox = Arc::new(Mutex::new(Inbox {
             bytes: Vec::new(),
             peer,
+            // SAFETY: the kernel just returned it.
+            bell: unsafe { OwnedFd::from_raw_fd(bell) },
+            rung: false,
         }));
         let mut rails = self.rails.lock();
         rails.retain(|_, w| w.strong_count() > 0);
@@ -132,12 +169,13 @@ impl Hub {
             }
         };
         rails.insert(tag, Arc::downgrade(&inbox));
-        (tag, inbox)
+        Ok((tag, inbox))
     }
 
-    /// Moves waiting frames into their rails' inboxes. Frames for unknown tags, from the
-    /// wrong source or too short are dropped.
-    pub(crate) fn pump(&self) {
+    /// Moves waiting frames into their rails' inboxes, ringing the bells of rails other
+    /// than `own` (the caller's tag). Frames for unknown tags, from the wrong source or too
+    /// short are dropped.
+    pub(crate) fn pump(&self, own: u32) {
         let mut port = self.port.lock();
         if !port.readable() {
             return;
@@ -162,6 +200,9 @@ impl Hub {
                 .bytes
                 .extend_from_slice(&(d.len() as u16).to_le_bytes());
             inbox.bytes.extend_from_slice(d);
+            if tag != own {
+                inbox.ring();
+            }
         });
     }
 

@@ -50,22 +50,24 @@ pub(crate) struct RawLink {
     inbox: Arc<Mutex<Inbox>>,
     state: Mutex<State>,
     peer: [u8; 6],
+    /// Our tag for this rail (frames to us carry it).
+    tag: u32,
     /// The peer's tag for this rail (frames we send carry it).
     peer_tag: u32,
     control: TcpStream,
-    /// An epoll set of the port's socket and the control connection: the readiness the
-    /// engine polls.
+    /// An epoll set of the port's socket, the control connection and the inbox's bell:
+    /// the readiness the engine polls.
     readiness: OwnedFd,
     _port_fd: OwnedFd,
 }
 
 impl RawLink {
     /// A rail over `hub` to the peer at hardware address `peer`, which tags its frames for
-    /// us with the tag of `inbox` and wants ours tagged `peer_tag`; `control` is the rail's
+    /// us with `tag` (`inbox`'s) and wants ours tagged `peer_tag`; `control` is the rail's
     /// TCP connection, handshake done.
     pub(crate) fn new(
         hub: Arc<Hub>,
-        inbox: Arc<Mutex<Inbox>>,
+        (tag, inbox): (u32, Arc<Mutex<Inbox>>),
         peer: [u8; 6],
         peer_tag: u32,
         control: TcpStream,
@@ -79,7 +81,8 @@ impl RawLink {
         // SAFETY: the kernel just returned it.
         let readiness = unsafe { OwnedFd::from_raw_fd(ep) };
         let port_fd = hub.readiness()?;
-        for fd in [port_fd.as_raw_fd(), control.as_raw_fd()] {
+        let bell = inbox.lock().bell();
+        for fd in [port_fd.as_raw_fd(), control.as_raw_fd(), bell] {
             let mut ev = libc::epoll_event {
                 events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
                 u64: fd as u64,
@@ -114,6 +117,7 @@ impl RawLink {
             hub,
             inbox,
             peer,
+            tag,
             peer_tag,
             control,
             readiness,
@@ -123,7 +127,7 @@ impl RawLink {
 
     /// Takes what came, then sends what is due (acknowledgements, resends).
     fn service(&self, st: &mut State, now: Instant) -> io::Result<()> {
-        self.hub.pump();
+        self.hub.pump(self.tag);
         let mut bad = None;
         let mut any = false;
         self.inbox.lock().drain(|d| {
@@ -191,7 +195,14 @@ impl RawLink {
         };
         if r == 0 {
             st.ended = true;
-        } else if r < 0 {
+        } else if r > 0 {
+            // Nothing may come on the connection once the rail is raw.
+            st.error = Some(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bytes on a raw rail's control connection",
+            ));
+            st.ended = true;
+        } else {
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::WouldBlock {
                 st.error = Some(e);
@@ -397,5 +408,72 @@ impl Transport for RawLink {
     fn shutdown(&self) {
         let _ = self.control.shutdown(Shutdown::Both);
         self.state.lock().ended = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// A raw link on `hub` whose control connection goes nowhere useful (its peer end is
+    /// returned, to keep it open).
+    fn link_on(hub: &Arc<Hub>) -> (RawLink, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (theirs, _) = l.accept().unwrap();
+        let joined = hub.join([0; 6]).unwrap();
+        (
+            RawLink::new(hub.clone(), joined, [0; 6], 1, ours).unwrap(),
+            theirs,
+        )
+    }
+
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn frames_another_rail_took_off_the_port_wake_their_own_rail() {
+        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+        let Ok(hub) = Hub::for_socket(probe.as_raw_fd()) else {
+            eprintln!("SKIPPED: no AF_XDP port on lo here (needs root)");
+            return;
+        };
+        let (a, _ka) = link_on(&hub);
+        let (b, _kb) = link_on(&hub);
+        assert!(!readable(b.readiness_fd()));
+        // A datagram for b, sent over lo to ourselves; a's reader takes it off the port.
+        let mut d = [0u8; LINK_HEADER + 3];
+        d[0] = 1; // data
+        d[2] = 3; // three bytes
+        d[LINK_HEADER..].copy_from_slice(b"abc");
+        assert!(hub.send([0; 6], b.tag, &d).unwrap());
+        hub.flush().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while b.inbox.lock().bytes_waiting() == 0 {
+            hub.pump(a.tag);
+            assert!(
+                Instant::now() < deadline,
+                "the frame never came back over lo"
+            );
+        }
+        // The port is empty now, yet b's readiness says there is something to read.
+        assert!(
+            readable(b.readiness_fd()),
+            "b's reader would sleep past its frame"
+        );
+        let mut buf = [0u8; 8];
+        assert_eq!(b.recv(&mut buf).unwrap(), 3);
+        assert_eq!(&buf[..3], b"abc");
+        // Read, the bell is quiet again (a level-triggered sleeper does not spin).
+        assert!(!readable(b.readiness_fd()));
     }
 }
