@@ -131,6 +131,15 @@ impl BSock {
                     self.ctrl_backlog.push_front(msg);
                     return;
                 }
+                Err(_) if self.ep.is_closed() => {
+                    // The peer closed the endpoint. Whether the stream ended cleanly is for
+                    // the completion thread to say: the peer's FIN may be waiting in the
+                    // queue ahead of the flushed receives that report the close, and an
+                    // application thread posting a receive here must not beat it to a
+                    // failure. Nothing more can be sent either way.
+                    self.ctrl_backlog.clear();
+                    return;
+                }
                 Err(e) => {
                     tracing::debug!("exs braid: control send: {e}");
                     self.fail(libc::ECONNRESET);
@@ -385,9 +394,13 @@ impl BSock {
                         .ep
                         .post_recv(c.wr_id, &[ctrl_recv_sge(&self.ctrl, slot)])
                         .is_err()
+                    && !self.ep.is_closed()
                 {
                     self.fail(libc::ECONNRESET);
                 }
+                // A closed endpoint takes no receive: the completions behind this one say
+                // whether the stream ended (the peer's FIN) or broke (flushed receives).
+                // Failing here would overtake a FIN already queued (see `flush_ctrl`).
             }
             TAG_CTRL_SEND => self.ctrl_done += 1,
             TAG_WRITE => {
@@ -573,9 +586,12 @@ impl BSock {
         self.fin_wanted = true;
     }
 
-    /// The end of our direction went out (or the socket failed): nothing more to flush.
+    /// The end of our direction went out (or the socket failed, or the peer closed the
+    /// endpoint): nothing more to flush.
     pub(crate) fn flushed(&self) -> bool {
-        self.failed.is_some() || (self.fin_sent && self.ctrl_done == self.ctrl_next)
+        self.failed.is_some()
+            || (self.fin_sent && self.ctrl_done == self.ctrl_next)
+            || self.ep.is_closed()
     }
 
     /// A rejected operation, completed in order on the completion thread.
