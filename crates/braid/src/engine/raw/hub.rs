@@ -18,8 +18,10 @@ use parking_lot::Mutex;
 
 /// Bytes between the Ethernet header and the link datagram: the receiver's tag.
 pub(crate) const TAG_LEN: usize = 4;
-/// Frames one pump takes at most.
+/// Frames one pump takes per batch.
 const PUMP_BATCH: usize = 64;
+/// Batches one pump takes at most: the whole receive ring (2,048 frames).
+const PUMP_BATCHES: usize = 32;
 /// Most bytes an inbox holds; frames past it are dropped (the link resends them).
 const INBOX_MAX: usize = 8 << 20;
 
@@ -181,29 +183,37 @@ impl Hub {
             return;
         }
         let rails = self.rails.lock();
-        port.recv(PUMP_BATCH, |f| {
-            if f.len() < ETHER_HEADER + TAG_LEN {
-                return;
-            }
-            let tag = u32::from_le_bytes(f[ETHER_HEADER..ETHER_HEADER + 4].try_into().unwrap());
-            let Some(inbox) = rails.get(&tag).and_then(Weak::upgrade) else {
-                return;
-            };
-            let mut inbox = inbox.lock();
-            let d = &f[ETHER_HEADER + TAG_LEN..];
-            if (inbox.peer != [0; 6] && f[6..12] != inbox.peer)
-                || inbox.bytes.len() + 2 + d.len() > INBOX_MAX
-            {
-                return;
-            }
-            inbox
-                .bytes
-                .extend_from_slice(&(d.len() as u16).to_le_bytes());
-            inbox.bytes.extend_from_slice(d);
-            if tag != own {
-                inbox.ring();
-            }
-        });
+        // Until the port is empty: the edge that announced these frames is spent, and a
+        // reader that leaves some behind (waiting for more bytes of a frame) would sleep
+        // past them.
+        let mut batches = 0;
+        while batches < PUMP_BATCHES
+            && port.recv(PUMP_BATCH, |f| {
+                if f.len() < ETHER_HEADER + TAG_LEN {
+                    return;
+                }
+                let tag = u32::from_le_bytes(f[ETHER_HEADER..ETHER_HEADER + 4].try_into().unwrap());
+                let Some(inbox) = rails.get(&tag).and_then(Weak::upgrade) else {
+                    return;
+                };
+                let mut inbox = inbox.lock();
+                let d = &f[ETHER_HEADER + TAG_LEN..];
+                if (inbox.peer != [0; 6] && f[6..12] != inbox.peer)
+                    || inbox.bytes.len() + 2 + d.len() > INBOX_MAX
+                {
+                    return;
+                }
+                inbox
+                    .bytes
+                    .extend_from_slice(&(d.len() as u16).to_le_bytes());
+                inbox.bytes.extend_from_slice(d);
+                if tag != own {
+                    inbox.ring();
+                }
+            }) == PUMP_BATCH
+        {
+            batches += 1;
+        }
     }
 
     /// Sends one datagram to the rail tagged `tag` at `peer`; false when the device's send

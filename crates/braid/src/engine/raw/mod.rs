@@ -363,7 +363,15 @@ impl Transport for RawLink {
     }
 
     fn bytes_waiting(&self) -> Option<usize> {
-        Some(self.state.lock().link.readable())
+        // Frames still in the port count too: a reader that finds too few bytes here goes
+        // back to sleep, and the edge that announced those frames is spent.
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        if let Err(e) = self.service(st, Instant::now()) {
+            st.error = Some(e);
+            return None;
+        }
+        Some(st.link.readable())
     }
 
     fn arm(&self, want: usize) -> io::Result<bool> {
