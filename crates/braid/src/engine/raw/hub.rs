@@ -251,9 +251,3 @@ impl Hub {
         Ok(())
     }
 }
-
-impl AsRawFd for Hub {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-}

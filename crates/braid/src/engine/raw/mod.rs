@@ -28,6 +28,23 @@ const CONTROL_LOOK: Duration = Duration::from_millis(1);
 /// Empty polls closer together than this are a busy poller's.
 const BUSY_GAP: Duration = Duration::from_micros(20);
 
+/// The parts of `pieces` from `skip` bytes in, as (start, length); `at` offsets a start.
+fn from_skip<P: Copy>(
+    pieces: &[(P, usize)],
+    mut skip: usize,
+    at: fn(P, usize) -> P,
+) -> impl Iterator<Item = (P, usize)> + '_ {
+    pieces.iter().filter_map(move |&(p, len)| {
+        if skip >= len {
+            skip -= len;
+            return None;
+        }
+        let part = (at(p, skip), len - skip);
+        skip = 0;
+        Some(part)
+    })
+}
+
 struct State {
     link: Link,
     /// One datagram being built or received.
@@ -212,14 +229,15 @@ impl RawLink {
         st.ended
     }
 
-    /// Reads into `dst` pieces; `Ok(0)` when the link is empty (or ended: see the callers).
+    /// Reads into the `dst` pieces (`want` bytes in all); `Ok(0)` when the link is empty
+    /// (or ended: see the callers).
     fn read_into(
         &self,
         st: &mut State,
-        dst: &[(*mut u8, usize)],
+        dst: impl Iterator<Item = (*mut u8, usize)>,
+        want: usize,
         fragile: bool,
     ) -> io::Result<usize> {
-        let want: usize = dst.iter().map(|p| p.1).sum();
         let n = st.link.readable().min(want);
         if n == 0 {
             return Ok(0);
@@ -228,7 +246,7 @@ impl RawLink {
         let now = Instant::now();
         let got = st.link.read(now, &mut st.bounce[..n]);
         let mut off = 0;
-        for &(p, len) in dst {
+        for (p, len) in dst {
             if off == got {
                 break;
             }
@@ -275,16 +293,9 @@ impl Transport for RawLink {
         if let Some(e) = st.link.error() {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, e.clone()));
         }
-        let mut skip = skip;
         let mut taken = 0;
-        for &(p, len) in pieces {
-            if skip >= len {
-                skip -= len;
-                continue;
-            }
-            let room = st.link.writable();
-            let (p, len) = (p.wrapping_add(skip), (len - skip).min(room));
-            skip = 0;
+        for (p, len) in from_skip(pieces, skip, <*const u8>::wrapping_add) {
+            let len = len.min(st.link.writable());
             if len == 0 {
                 break;
             }
@@ -323,23 +334,13 @@ impl Transport for RawLink {
         tail: Option<(*mut u8, usize)>,
         fragile: bool,
     ) -> io::Result<Received> {
-        let mut dst: Vec<(*mut u8, usize)> = Vec::with_capacity(pieces.len() + 1);
-        let mut skip = skip;
-        for &(p, len) in pieces {
-            if skip >= len {
-                skip -= len;
-                continue;
-            }
-            dst.push((p.wrapping_add(skip), len - skip));
-            skip = 0;
-        }
-        dst.extend(tail);
-        let asked = dst.iter().map(|p| p.1).sum();
+        let dst = || from_skip(pieces, skip, <*mut u8>::wrapping_add).chain(tail);
+        let asked = dst().map(|p| p.1).sum();
         let mut st = self.state.lock();
         let st = &mut *st;
         let now = Instant::now();
         self.service(st, now)?;
-        let got = self.read_into(st, &dst, fragile)?;
+        let got = self.read_into(st, dst(), asked, fragile)?;
         if got == 0 && asked > 0 {
             if self.peer_ended(st, now) {
                 return match st.error.take() {
