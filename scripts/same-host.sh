@@ -92,7 +92,7 @@ for r in $(seq "$ROUNDS"); do
         for ex in 0 1; do
             row=$(EX=$ex braid_run auto send -s 16M -q 1 -D 3 --spin-us 1000000 "${flags[@]}")
             name=copy; [ "$ex" = 1 ] && name=exchange
-            echo "px send 16M $v $name MB/s $(echo "$row" | awk '{print $3}') client_cpu_s/GB $(echo "$row" | awk '{print $5}')"
+            echo "px send 16M $v $name MB/s $(echo "$row" | awk '{print $3}') client_cpu_s/GB $(echo "$row" | awk '{print $5}') $(echo "$row" | grep -o 'rewrite [0-9]*% of the time' || true)"
         done
     done
 done

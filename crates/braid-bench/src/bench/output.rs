@@ -172,6 +172,11 @@ pub struct Row {
     /// The file whose pages the server's region is (`bench server --file`).
     #[serde(skip_serializing_if = "is_none")]
     pub server_file: Option<String>,
+    /// `--rewrite`: seconds of the measured loop the client spent writing its sources. No
+    /// transfer, however cheap, brings the loop under this: `bytes / rewrite_s` is the
+    /// ceiling of `bw_mb_s`.
+    #[serde(skip_serializing_if = "is_none")]
+    pub rewrite_s: Option<f64>,
 }
 
 /// The table's heading for `op`.
@@ -324,6 +329,13 @@ pub fn line(op: Op, r: &Row, baseline: bool) -> String {
                 .collect();
             s += &format!("   rails {}", shares.join("/"));
         }
+    }
+    if let Some(w) = r.rewrite_s.filter(|w| *w > 0.0) {
+        s += &format!(
+            "   rewrite {:.0}% of the time (alone: {:.0} MB/s)",
+            100.0 * w / r.seconds.max(f64::MIN_POSITIVE),
+            r.bytes as f64 / w / 1e6
+        );
     }
     match r.verified {
         Some(true) => s += "   verified",

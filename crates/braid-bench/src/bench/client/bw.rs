@@ -128,6 +128,8 @@ pub(super) fn run_bw(
     let (mut posted, mut done) = (0u64, 0u64);
     let mut stop = false;
     let mut comps = Vec::with_capacity(256);
+    // --rewrite: the time the client spent writing its sources, inside the measured loop.
+    let mut rewrite_s = 0.0f64;
     let mut last_progress = Instant::now();
     let mut bad: Option<String> = None;
     loop {
@@ -177,7 +179,9 @@ pub(super) fn run_bw(
             let roff = (i % rslots) * size as u64;
             let sge = &sges[slot][..];
             if plan.rewrite && matches!(op, Op::Write | Op::Send) {
+                let t = Instant::now();
                 local.fill(slot * size, size, i as u8)?;
+                rewrite_s += t.elapsed().as_secs_f64();
             }
             if plan.verify {
                 match op {
@@ -296,6 +300,7 @@ pub(super) fn run_bw(
         server_rail_bytes: report.rail_bytes.clone(),
         pieces: plan.pieces,
         server_file: reply.file.clone(),
+        rewrite_s: plan.rewrite.then_some(rewrite_s),
         ..Default::default()
     };
     if plan.verify && op == Op::Read || fetch {
