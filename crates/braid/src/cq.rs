@@ -26,6 +26,17 @@ struct CqState {
     sleepers: usize,
 }
 
+/// One descriptor a sleeping thread polls for an endpoint's rail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RailFd {
+    pub(crate) fd: RawFd,
+    /// The process-wide id of the link the descriptor belongs to: a descriptor number can
+    /// come back for another link.
+    pub(crate) link: u64,
+    /// The rail, as [`Driver::read_rail`] numbers it.
+    pub(crate) rail: usize,
+}
+
 /// An endpoint reporting into a queue, whose receive progress a polling thread may drive.
 pub(crate) trait Driver: Send + Sync {
     /// Reads whatever has arrived and sends what that produced, without blocking.
@@ -35,9 +46,8 @@ pub(crate) trait Driver: Send + Sync {
     fn drive_before_sleep(&self);
     /// The polling thread stops polling: progress goes back to the engine thread.
     fn release(&self);
-    /// Appends each live rail's socket with its link's process-wide id (none once the
-    /// endpoint is closed).
-    fn rail_fds(&self, out: &mut Vec<(RawFd, u64)>);
+    /// Appends each live rail's readiness descriptors (none once the endpoint is closed).
+    fn rail_fds(&self, out: &mut Vec<RailFd>);
     /// A thread starts (`true`) or stops sleeping on the rails; meanwhile the engine
     /// leaves their reads to it.
     fn hold(&self, sleeping: bool);

@@ -18,7 +18,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use parking_lot::MutexGuard;
 
-use super::{CompletionQueue, Driver};
+use super::{CompletionQueue, Driver, RailFd};
 
 const WAKER: Token = Token(usize::MAX);
 
@@ -45,22 +45,22 @@ impl RailSet {
         ))
     }
 
-    /// Makes the set hold exactly `fds` (descriptor, link id): a replaced link, or another
-    /// endpoint's, may have a new socket under an old number.
-    fn sync(&mut self, fds: &[(RawFd, u64)]) {
+    /// Makes the set hold exactly `fds`: a replaced link, or another endpoint's, may have a
+    /// new socket under an old number.
+    fn sync(&mut self, fds: &[RailFd]) {
         let RailSet {
             poll, registered, ..
         } = self;
         let reg = poll.registry();
         registered.retain(|fd, link| {
-            let keep = fds.iter().any(|(f, l)| f == fd && l == link);
+            let keep = fds.iter().any(|f| f.fd == *fd && f.link == *link);
             if !keep {
                 // The socket may be closed already (then the kernel dropped it from the set).
                 let _ = reg.deregister(&mut SourceFd(fd));
             }
             keep
         });
-        for &(fd, link) in fds {
+        for &RailFd { fd, link, .. } in fds {
             if registered.contains_key(&fd) {
                 continue;
             }
@@ -119,7 +119,7 @@ pub struct ArmedQueue<'a> {
     cq: &'a CompletionQueue,
     set: MutexGuard<'a, RailSet>,
     drivers: Vec<Arc<dyn Driver>>,
-    /// Which driver and rail each socket of the set belongs to.
+    /// Which driver and rail each descriptor of the set belongs to.
     sockets: Vec<(RawFd, usize, usize)>,
     /// Sockets with an edge from the last sleep.
     ready: Vec<RawFd>,
@@ -136,12 +136,7 @@ impl<'a> ArmedQueue<'a> {
         for (i, d) in drivers.iter().enumerate() {
             let from = fds.len();
             d.rail_fds(&mut fds);
-            sockets.extend(
-                fds[from..]
-                    .iter()
-                    .enumerate()
-                    .map(|(rail, &(fd, _))| (fd, i, rail)),
-            );
+            sockets.extend(fds[from..].iter().map(|f| (f.fd, i, f.rail)));
         }
         set.sync(&fds);
         // Edges left from the last time: their bytes are read by the full pass below.
@@ -183,8 +178,14 @@ impl<'a> ArmedQueue<'a> {
         self.ready.clear();
         self.set.wait(timeout, &mut self.ready);
         let mut touched: Vec<usize> = Vec::new();
+        // A rail of several descriptors is read once however many of them had an edge.
+        let mut read: Vec<(usize, usize)> = Vec::new();
         for fd in &self.ready {
             if let Some(&(_, d, rail)) = self.sockets.iter().find(|s| s.0 == *fd) {
+                if read.contains(&(d, rail)) {
+                    continue;
+                }
+                read.push((d, rail));
                 self.drivers[d].read_rail(rail);
                 if !touched.contains(&d) {
                     touched.push(d);

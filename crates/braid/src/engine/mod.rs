@@ -17,19 +17,18 @@ pub(crate) mod shm;
 pub(crate) mod transport;
 mod tx;
 
-use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::cq::CompletionQueue;
+use crate::cq::{CompletionQueue, RailFd};
 use braid_proto::Session;
 use braid_proto::error::CompletionKind;
 
 pub(crate) use event_loop::{Command, Engine, EngineShared};
 use rx::RxCore;
-use transport::Transport;
+use transport::{ReadinessFds, Transport};
 use tx::TxState;
 
 /// An application thread that polled this recently is taken to be polling still.
@@ -74,8 +73,8 @@ fn next_link_id() -> u64 {
 /// One rail's link (see [`transport`]) with its transmit and receive state. The link is
 /// replaced when a failed rail is re-established.
 pub(crate) struct RailIo {
-    /// The current link's readiness descriptor (read by the engine without taking a lock).
-    fd: AtomicI32,
+    /// The current link's readiness descriptors (see [`Transport::readiness_fds`]).
+    fds: Mutex<ReadinessFds>,
     /// Frames already taken from the session wait in `tx` for the link to take them. The
     /// session then may have nothing for this rail (all handed out, or its window full),
     /// so the writable edge must resume the rail on this flag alone.
@@ -102,7 +101,7 @@ pub(crate) struct RailIo {
 impl RailIo {
     pub(crate) fn new(link: Arc<dyn Transport>) -> RailIo {
         RailIo {
-            fd: AtomicI32::new(link.readiness_fd()),
+            fds: Mutex::new(link.readiness_fds()),
             tx_blocked: AtomicBool::new(false),
             tx_wanted: AtomicBool::new(false),
             muted: AtomicBool::new(false),
@@ -114,8 +113,8 @@ impl RailIo {
         }
     }
 
-    fn fd(&self) -> RawFd {
-        self.fd.load(Ordering::Acquire)
+    fn fds(&self) -> ReadinessFds {
+        *self.fds.lock()
     }
 
     /// Ends the current link (both directions).
@@ -147,7 +146,7 @@ impl RailIo {
     /// go), with fresh transmit and receive state.
     fn replace(&self, link: Arc<dyn Transport>) {
         let mut tx = self.tx.lock();
-        self.fd.store(link.readiness_fd(), Ordering::Release);
+        *self.fds.lock() = link.readiness_fds();
         self.express
             .store(link.carries_express(), Ordering::Release);
         self.link_gen.store(next_link_id(), Ordering::Release);
@@ -434,15 +433,16 @@ impl crate::cq::Driver for EndpointShared {
         }
     }
 
-    fn rail_fds(&self, out: &mut Vec<(RawFd, u64)>) {
+    fn rail_fds(&self, out: &mut Vec<RailFd>) {
         if self.closed.load(Ordering::Acquire) {
             return;
         }
-        out.extend(
-            self.rails
-                .iter()
-                .map(|r| (r.fd(), r.link_gen.load(Ordering::Acquire))),
-        );
+        for (rail, r) in self.rails.iter().enumerate() {
+            let link = r.link_gen.load(Ordering::Acquire);
+            for &fd in r.fds().as_slice() {
+                out.push(RailFd { fd, link, rail });
+            }
+        }
     }
 
     fn hold(&self, sleeping: bool) {

@@ -53,11 +53,51 @@ pub(crate) struct LinkSample {
     pub(crate) rtt: Duration,
 }
 
+/// Most descriptors a link's readiness is made of (see [`Transport::readiness_fds`]).
+pub(crate) const MAX_READINESS_FDS: usize = 4;
+
+/// The descriptors a link's readiness is made of, the primary one
+/// ([`Transport::readiness_fd`]) first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReadinessFds {
+    fds: [RawFd; MAX_READINESS_FDS],
+    n: usize,
+}
+
+impl ReadinessFds {
+    /// The descriptors in `fds` (at most [`MAX_READINESS_FDS`]; more are a bug).
+    pub(crate) fn new(fds: &[RawFd]) -> ReadinessFds {
+        assert!(
+            !fds.is_empty() && fds.len() <= MAX_READINESS_FDS,
+            "a link's readiness is 1 to {MAX_READINESS_FDS} descriptors"
+        );
+        let mut r = ReadinessFds {
+            fds: [-1; MAX_READINESS_FDS],
+            n: fds.len(),
+        };
+        r.fds[..fds.len()].copy_from_slice(fds);
+        r
+    }
+
+    /// The descriptors, primary first.
+    pub(crate) fn as_slice(&self) -> &[RawFd] {
+        &self.fds[..self.n]
+    }
+}
+
 /// One rail's connection as the engine drives it. Every call is non-blocking.
 pub(crate) trait Transport: Send + Sync {
     /// The descriptor the engine polls: readable when bytes (or an error) wait, writable
     /// when [`Transport::send`] can take more. Edge-triggered; stable for the link's life.
     fn readiness_fd(&self) -> RawFd;
+    /// Every descriptor whose readiness concerns the link, [`Transport::readiness_fd`]
+    /// first, each polled the same way (edge-triggered, for reading and writing). A link
+    /// whose readiness has several sources lists them here rather than gathering them in an
+    /// epoll set of its own: an epoll set polled inside another lost wake-ups for tens of
+    /// milliseconds (docs/RAW-ETHERNET.md, "Readiness").
+    fn readiness_fds(&self) -> ReadinessFds {
+        ReadinessFds::new(&[self.readiness_fd()])
+    }
     /// Sends from `pieces` starting `skip` bytes in; returns the bytes taken.
     /// `WouldBlock` when the link is full; `EFAULT` when a piece's file page was truncated
     /// (before any byte was taken; a count short of it otherwise). `fragile`: some pieces

@@ -4,15 +4,18 @@
 //! open beside it, carrying nothing: its end tells that the peer closed or died.
 //!
 //! Timers are serviced whenever the link is touched: every send and receive, every empty
-//! poll, and the engine's periodic sample. Acknowledgements ride on data (braid's session
-//! answers every operation, so data flows both ways), go alone after 50 µs when the link
-//! is polled, and at once for a quarter window or for data out of order.
+//! poll, and the engine's periodic sample. A timer descriptor among the rail's readiness
+//! descriptors makes sure it is touched when its next deadline comes (a resend, or an
+//! acknowledgement due), even if nothing else wakes a reader. Acknowledgements ride on
+//! data (braid's session answers every operation, so data flows both ways), go alone after
+//! 50 µs when the link is polled (at most [`TIMER_FLOOR`] later otherwise), and at once for
+//! a quarter window or for data out of order.
 
 pub(crate) mod hub;
 
 use std::io;
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,13 +23,17 @@ use braid_proto::link::{LINK_HEADER, Link, LinkConfig};
 use parking_lot::Mutex;
 
 use super::io::Received;
-use super::transport::{LinkSample, Transport};
+use super::transport::{LinkSample, ReadinessFds, Transport};
 use hub::{Hub, Inbox};
 
 /// How often a busy poller looks at the control connection for the peer's end.
 const CONTROL_LOOK: Duration = Duration::from_millis(1);
 /// Empty polls closer together than this are a busy poller's.
 const BUSY_GAP: Duration = Duration::from_micros(20);
+/// The timer descriptor fires no sooner than this after it is set: a delayed
+/// acknowledgement is usually sent with the reply well before, and a wake-up per message
+/// would cost more than it saves. Resends (2 ms and more) are not delayed by it.
+const TIMER_FLOOR: Duration = Duration::from_micros(500);
 
 /// The parts of `pieces` from `skip` bytes in, as (start, length); `at` offsets a start.
 fn from_skip<P: Copy>(
@@ -56,6 +63,9 @@ struct State {
     unacked: usize,
     last_empty: Instant,
     control_looked: Instant,
+    /// When the timer descriptor is set to fire (it is not disarmed when the deadline it
+    /// was set for goes away: it then fires once for nothing).
+    timer_at: Option<Instant>,
     /// The peer closed (its control connection ended).
     ended: bool,
     error: Option<io::Error>,
@@ -72,10 +82,13 @@ pub(crate) struct RawLink {
     /// The peer's tag for this rail (frames we send carry it).
     peer_tag: u32,
     control: TcpStream,
-    /// An epoll set of the port's socket, the control connection and the inbox's bell:
-    /// the readiness the engine polls.
-    readiness: OwnedFd,
-    _port_fd: OwnedFd,
+    /// This rail's own descriptor of the device's port (each rail's readiness must be a
+    /// descriptor of its own, as an epoll set holds a descriptor once).
+    port_fd: OwnedFd,
+    /// The inbox's bell (see [`Inbox`]).
+    bell: RawFd,
+    /// Fires at the link's next deadline (see the module's docs).
+    timer: OwnedFd,
 }
 
 impl RawLink {
@@ -90,25 +103,12 @@ impl RawLink {
         control: TcpStream,
     ) -> io::Result<RawLink> {
         control.set_nonblocking(true)?;
-        // SAFETY: plain epoll creation; owned at once.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if ep < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the kernel just returned it.
-        let readiness = unsafe { OwnedFd::from_raw_fd(ep) };
         let port_fd = hub.readiness()?;
         let bell = inbox.lock().bell();
-        for fd in [port_fd.as_raw_fd(), control.as_raw_fd(), bell] {
-            let mut ev = libc::epoll_event {
-                events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
-                u64: fd as u64,
-            };
-            // SAFETY: valid descriptors and event.
-            if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
+        let timer = rustix::time::timerfd_create(
+            rustix::time::TimerfdClockId::Monotonic,
+            rustix::time::TimerfdFlags::NONBLOCK | rustix::time::TimerfdFlags::CLOEXEC,
+        )?;
         let max_payload = hub.max_datagram() - LINK_HEADER;
         let cfg = LinkConfig {
             max_payload,
@@ -128,6 +128,7 @@ impl RawLink {
                 unacked: 0,
                 last_empty: now,
                 control_looked: now,
+                timer_at: None,
                 ended: false,
                 error: None,
             }),
@@ -137,8 +138,9 @@ impl RawLink {
             tag,
             peer_tag,
             control,
-            readiness,
-            _port_fd: port_fd,
+            port_fd,
+            bell,
+            timer,
         })
     }
 
@@ -185,6 +187,39 @@ impl RawLink {
         if sent {
             self.hub.flush()?;
         }
+        self.set_timer(st, now)
+    }
+
+    /// Sets the timer descriptor for the link's next deadline, if it is not set for that
+    /// or sooner already; clears a timer that fired.
+    fn set_timer(&self, st: &mut State, now: Instant) -> io::Result<()> {
+        use rustix::time::{Itimerspec, TimerfdTimerFlags, Timespec, timerfd_settime};
+        if st.timer_at.is_some_and(|t| t <= now) {
+            let mut b = [0u8; 8];
+            // Read, the descriptor is quiet again (the count itself does not matter).
+            let _ = rustix::io::read(&self.timer, &mut b);
+            st.timer_at = None;
+        }
+        let Some(due) = st.link.poll_timeout() else {
+            return Ok(());
+        };
+        let due = due.max(now + TIMER_FLOOR);
+        if st.timer_at.is_some_and(|t| t <= due) {
+            return Ok(());
+        }
+        let d = due - now;
+        let spec = Itimerspec {
+            it_interval: Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: Timespec {
+                tv_sec: d.as_secs() as _,
+                tv_nsec: d.subsec_nanos() as _,
+            },
+        };
+        timerfd_settime(&self.timer, TimerfdTimerFlags::empty(), &spec)?;
+        st.timer_at = Some(due);
         Ok(())
     }
 
@@ -274,7 +309,19 @@ impl RawLink {
 
 impl Transport for RawLink {
     fn readiness_fd(&self) -> RawFd {
-        self.readiness.as_raw_fd()
+        self.port_fd.as_raw_fd()
+    }
+
+    /// The port (frames came), the control connection (the peer ended), the bell
+    /// (another rail's reader took this rail's frames off the port) and the timer (a
+    /// deadline of the link came).
+    fn readiness_fds(&self) -> ReadinessFds {
+        ReadinessFds::new(&[
+            self.readiness_fd(),
+            self.control.as_raw_fd(),
+            self.bell,
+            self.timer.as_raw_fd(),
+        ])
     }
 
     fn kind(&self) -> &'static str {
@@ -458,7 +505,7 @@ mod tests {
         };
         let (a, _ka) = link_on(&hub);
         let (b, _kb) = link_on(&hub);
-        assert!(!readable(b.readiness_fd()));
+        assert!(!readable(b.bell));
         // A datagram for b, sent over lo to ourselves; a's reader takes it off the port.
         let mut d = [0u8; LINK_HEADER + 3];
         d[0] = 1; // data
@@ -475,14 +522,63 @@ mod tests {
             );
         }
         // The port is empty now, yet b's readiness says there is something to read.
+        assert!(!readable(b.readiness_fd()), "the port should be empty");
         assert!(
-            readable(b.readiness_fd()),
+            b.readiness_fds().as_slice().contains(&b.bell) && readable(b.bell),
             "b's reader would sleep past its frame"
         );
         let mut buf = [0u8; 8];
         assert_eq!(b.recv(&mut buf).unwrap(), 3);
         assert_eq!(&buf[..3], b"abc");
         // Read, the bell is quiet again (a level-triggered sleeper does not spin).
-        assert!(!readable(b.readiness_fd()));
+        assert!(!readable(b.bell));
+    }
+
+    #[test]
+    fn an_unacknowledged_send_wakes_its_rail_at_the_resend_deadline() {
+        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+        let Ok(hub) = Hub::for_socket(probe.as_raw_fd()) else {
+            eprintln!("SKIPPED: no AF_XDP port on lo here (needs root)");
+            return;
+        };
+        let (a, _ka) = link_on(&hub);
+        let timer = a.timer.as_raw_fd();
+        assert!(a.readiness_fds().as_slice().contains(&timer));
+        assert!(!readable(timer), "nothing is due yet");
+        // Nobody answers (no rail has the peer's tag): only the timer can bring the resend.
+        let data = [7u8; 100];
+        assert_eq!(
+            a.send(&[(data.as_ptr(), data.len())], 0, false, &[true])
+                .unwrap(),
+            100
+        );
+        let mut p = libc::pollfd {
+            fd: timer,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let t0 = Instant::now();
+        // SAFETY: one valid pollfd; waits at most 5 s.
+        let n = unsafe { libc::poll(&mut p, 1, 5000) };
+        assert_eq!(n, 1, "the timer never fired");
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "fired late: {:?}",
+            t0.elapsed()
+        );
+        // Touched now, the link resends, clears the timer and sets it for the next timeout.
+        let mut buf = [0u8; 8];
+        assert!(
+            a.recv(&mut buf)
+                .is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock)
+        );
+        assert!(
+            !readable(timer),
+            "a fired timer is cleared when the link is touched"
+        );
+        assert!(
+            a.state.lock().timer_at.is_some(),
+            "the resend is still unacknowledged"
+        );
     }
 }
