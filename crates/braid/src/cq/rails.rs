@@ -181,7 +181,8 @@ impl<'a> ArmedQueue<'a> {
         // A rail of several descriptors is read once however many of them had an edge.
         let mut read: Vec<(usize, usize)> = Vec::new();
         for fd in &self.ready {
-            if let Some(&(_, d, rail)) = self.sockets.iter().find(|s| s.0 == *fd) {
+            // A descriptor may be shared by several rails (a raw device's port).
+            for &(_, d, rail) in self.sockets.iter().filter(|s| s.0 == *fd) {
                 if read.contains(&(d, rail)) {
                     continue;
                 }
@@ -215,5 +216,64 @@ impl Drop for ArmedQueue<'_> {
         for d in &self.drivers {
             d.hold(false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    use parking_lot::Mutex;
+
+    use super::*;
+
+    /// Two rails polled through one shared descriptor (as raw rails share their device's
+    /// port), recording which rails the sleeper reads.
+    struct SharedFd {
+        fd: OwnedFd,
+        read: Mutex<Vec<usize>>,
+    }
+
+    impl Driver for SharedFd {
+        fn drive(&self) {}
+        fn drive_before_sleep(&self) {}
+        fn release(&self) {}
+        fn rail_fds(&self, out: &mut Vec<RailFd>) {
+            for rail in 0..2 {
+                out.push(RailFd {
+                    fd: self.fd.as_raw_fd(),
+                    link: 7,
+                    rail,
+                });
+            }
+        }
+        fn hold(&self, _sleeping: bool) {}
+        fn flush(&self) {}
+        fn read_rail(&self, rail: usize) {
+            self.read.lock().push(rail);
+        }
+    }
+
+    #[test]
+    fn an_edge_on_a_shared_descriptor_reads_every_rail_that_lists_it() {
+        let cq = CompletionQueue::new(4);
+        // SAFETY: plain eventfd creation; owned at once.
+        let fd = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_NONBLOCK)) };
+        let shared = fd.as_raw_fd();
+        let d = Arc::new(SharedFd {
+            fd,
+            read: Mutex::new(Vec::new()),
+        });
+        let as_driver: Arc<dyn Driver> = d.clone();
+        cq.attach(Arc::downgrade(&as_driver));
+        let mut armed = cq.arm().expect("a queue with an endpoint arms");
+        // SAFETY: an 8-byte write from a local buffer to our eventfd.
+        unsafe { libc::write(shared, 1u64.to_ne_bytes().as_ptr().cast(), 8) };
+        assert!(
+            armed.sleep(Duration::from_secs(5)),
+            "the edge did not wake the sleeper"
+        );
+        drop(armed);
+        assert_eq!(*d.read.lock(), vec![0, 1]);
     }
 }

@@ -75,6 +75,9 @@ fn next_link_id() -> u64 {
 pub(crate) struct RailIo {
     /// The current link's readiness descriptors (see [`Transport::readiness_fds`]).
     fds: Mutex<ReadinessFds>,
+    /// What a thread asleep on the rails polls for the current link (see
+    /// [`Transport::sleeper_fds`]).
+    sleeper_fds: Mutex<ReadinessFds>,
     /// Frames already taken from the session wait in `tx` for the link to take them. The
     /// session then may have nothing for this rail (all handed out, or its window full),
     /// so the writable edge must resume the rail on this flag alone.
@@ -102,6 +105,7 @@ impl RailIo {
     pub(crate) fn new(link: Arc<dyn Transport>) -> RailIo {
         RailIo {
             fds: Mutex::new(link.readiness_fds()),
+            sleeper_fds: Mutex::new(link.sleeper_fds()),
             tx_blocked: AtomicBool::new(false),
             tx_wanted: AtomicBool::new(false),
             muted: AtomicBool::new(false),
@@ -147,6 +151,7 @@ impl RailIo {
     fn replace(&self, link: Arc<dyn Transport>) {
         let mut tx = self.tx.lock();
         *self.fds.lock() = link.readiness_fds();
+        *self.sleeper_fds.lock() = link.sleeper_fds();
         self.express
             .store(link.carries_express(), Ordering::Release);
         self.link_gen.store(next_link_id(), Ordering::Release);
@@ -439,7 +444,7 @@ impl crate::cq::Driver for EndpointShared {
         }
         for (rail, r) in self.rails.iter().enumerate() {
             let link = r.link_gen.load(Ordering::Acquire);
-            for &fd in r.fds().as_slice() {
+            for &fd in r.sleeper_fds.lock().as_slice() {
                 out.push(RailFd { fd, link, rail });
             }
         }

@@ -98,6 +98,15 @@ pub(crate) trait Transport: Send + Sync {
     fn readiness_fds(&self) -> ReadinessFds {
         ReadinessFds::new(&[self.readiness_fd()])
     }
+    /// The descriptors a thread asleep on the rails (`cq::rails`) polls for the link, for
+    /// reading; by default [`Transport::readiness_fds`]. Unlike the engine's, they may be
+    /// shared with other links (the sleeper then reads every link that lists the one that
+    /// turned ready). A sleeper's set outlives links, so none of them may be a duplicate
+    /// that closes with the link while its file lives on: the kernel keeps such an entry,
+    /// which can no longer be taken out, until the file goes.
+    fn sleeper_fds(&self) -> ReadinessFds {
+        self.readiness_fds()
+    }
     /// Sends from `pieces` starting `skip` bytes in; returns the bytes taken.
     /// `WouldBlock` when the link is full; `EFAULT` when a piece's file page was truncated
     /// (before any byte was taken; a count short of it otherwise). `fragile`: some pieces

@@ -142,6 +142,12 @@ impl Hub {
         self.max_frame - ETHER_HEADER - TAG_LEN
     }
 
+    /// The hub's own descriptor that turns readable when frames come to the device: open
+    /// as long as the hub, shared by its rails.
+    pub(crate) fn shared_readiness(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// A new descriptor that turns readable when frames come to the device.
     pub(crate) fn readiness(&self) -> io::Result<OwnedFd> {
         self.fd.try_clone()

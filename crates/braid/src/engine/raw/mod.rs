@@ -312,6 +312,17 @@ impl Transport for RawLink {
         self.port_fd.as_raw_fd()
     }
 
+    /// The same, with the device's shared port descriptor in place of this rail's
+    /// duplicate (which closes with the rail while the port lives on).
+    fn sleeper_fds(&self) -> ReadinessFds {
+        ReadinessFds::new(&[
+            self.hub.shared_readiness(),
+            self.control.as_raw_fd(),
+            self.bell,
+            self.timer.as_raw_fd(),
+        ])
+    }
+
     /// The port (frames came), the control connection (the peer ended), the bell
     /// (another rail's reader took this rail's frames off the port) and the timer (a
     /// deadline of the link came).
