@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 
 use super::linkwatch::LinkWatch;
 use super::rail_worker::{RailWorker, on_rail_event};
-use super::transport::{LinkSample, ReadinessFds, Transport};
+use super::transport::{LinkSample, Transport};
 use super::{APP_POLL_HOLD_NS, EndpointShared, clock_ns};
 
 const WAKER: Token = Token(usize::MAX);
@@ -300,6 +300,7 @@ impl EngineLoop {
     fn set_interest(&self, ep: &EndpointShared, interest: Interest) {
         if let Some((_, slots)) = self.endpoints.get(&ep.id) {
             for (rail, slot) in slots.iter().enumerate() {
+                let fd = ep.rails[rail].fd();
                 // Such a link wakes the engine only when asked to, or when a blocked send
                 // has room again (which a writable-only interest would not see).
                 let interest = if ep.rails[rail].link().signals_when_armed() {
@@ -307,13 +308,11 @@ impl EngineLoop {
                 } else {
                     interest
                 };
-                for fd in ep.rails[rail].fds().as_slice() {
-                    let _ = self.registry(slot.owner).reregister(
-                        &mut SourceFd(fd),
-                        Token(slot.token),
-                        interest,
-                    );
-                }
+                let _ = self.registry(slot.owner).reregister(
+                    &mut SourceFd(&fd),
+                    Token(slot.token),
+                    interest,
+                );
             }
         }
     }
@@ -463,26 +462,6 @@ impl EngineLoop {
     }
 
     /// Watches the namespace of rail socket `fd` for link events, if not yet watched.
-    /// Puts every readiness descriptor of a rail's link in the set of the thread that owns
-    /// the rail, under the rail's token.
-    fn register_link(&self, slot: RailSlot, fds: ReadinessFds) -> std::io::Result<()> {
-        for fd in fds.as_slice() {
-            self.registry(slot.owner).register(
-                &mut SourceFd(fd),
-                Token(slot.token),
-                Interest::READABLE | Interest::WRITABLE,
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Takes a link's descriptors out of the set (a closed one is out already).
-    fn deregister_link(&self, slot: RailSlot, fds: ReadinessFds) {
-        for fd in fds.as_slice() {
-            let _ = self.registry(slot.owner).deregister(&mut SourceFd(fd));
-        }
-    }
-
     fn watch_links(&mut self, fd: RawFd) {
         if let Some(w) = self.links.watch(fd)
             && let Err(e) = self.poll.registry().register(
@@ -507,15 +486,17 @@ impl EngineLoop {
             if slot.owner > 0 {
                 self.workers[slot.owner - 1].adopt(slot.token, ep.clone(), i);
             }
-            let fds = r.fds();
-            if let Err(e) = self.register_link(slot, fds) {
+            let fd = r.fd();
+            if let Err(e) = self.registry(slot.owner).register(
+                &mut SourceFd(&fd),
+                Token(slot.token),
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
                 ep.fail_rail(i, &format!("cannot register with the progress engine: {e}"));
             }
             self.rx.insert(slot.token, (ep.clone(), i));
             slots.push(slot);
-            for &fd in fds.as_slice() {
-                self.watch_links(fd);
-            }
+            self.watch_links(fd);
         }
         let id = ep.id;
         self.endpoints.insert(id, (ep, slots));
@@ -529,20 +510,23 @@ impl EngineLoop {
             return;
         };
         let (ep, slot) = (ep.clone(), slots[rail]);
-        self.deregister_link(slot, ep.rails[rail].fds());
-        let fds = link.readiness_fds();
+        let old = ep.rails[rail].fd();
+        let _ = self.registry(slot.owner).deregister(&mut SourceFd(&old));
+        let fd = link.readiness_fd();
         ep.rails[rail].replace(link);
         self.in_flight_since.remove(&(id, rail));
-        for &fd in fds.as_slice() {
-            self.watch_links(fd);
-        }
+        self.watch_links(fd);
         let restored = {
             let mut s = ep.session.lock();
             let ok = s.on_rail_restored(rail);
             ep.deliver(&mut s);
             ok
         };
-        let registered = self.register_link(slot, fds);
+        let registered = self.registry(slot.owner).register(
+            &mut SourceFd(&fd),
+            Token(slot.token),
+            Interest::READABLE | Interest::WRITABLE,
+        );
         if !restored || registered.is_err() {
             ep.rails[rail].shutdown();
             return;
@@ -583,7 +567,8 @@ impl EngineLoop {
         if let Some((ep, slots)) = self.endpoints.remove(&id) {
             for (i, slot) in slots.into_iter().enumerate() {
                 self.rx.remove(&slot.token);
-                self.deregister_link(slot, ep.rails[i].fds());
+                let fd = ep.rails[i].fd();
+                let _ = self.registry(slot.owner).deregister(&mut SourceFd(&fd));
                 if slot.owner > 0 {
                     self.workers[slot.owner - 1].release(slot.token);
                 }

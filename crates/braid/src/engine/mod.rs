@@ -17,8 +17,9 @@ pub(crate) mod shm;
 pub(crate) mod transport;
 mod tx;
 
+use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -73,8 +74,9 @@ fn next_link_id() -> u64 {
 /// One rail's link (see [`transport`]) with its transmit and receive state. The link is
 /// replaced when a failed rail is re-established.
 pub(crate) struct RailIo {
-    /// The current link's readiness descriptors (see [`Transport::readiness_fds`]).
-    fds: Mutex<ReadinessFds>,
+    /// The current link's readiness descriptor, which the engine polls (read without
+    /// taking a lock).
+    fd: AtomicI32,
     /// What a thread asleep on the rails polls for the current link (see
     /// [`Transport::sleeper_fds`]).
     sleeper_fds: Mutex<ReadinessFds>,
@@ -104,7 +106,7 @@ pub(crate) struct RailIo {
 impl RailIo {
     pub(crate) fn new(link: Arc<dyn Transport>) -> RailIo {
         RailIo {
-            fds: Mutex::new(link.readiness_fds()),
+            fd: AtomicI32::new(link.readiness_fd()),
             sleeper_fds: Mutex::new(link.sleeper_fds()),
             tx_blocked: AtomicBool::new(false),
             tx_wanted: AtomicBool::new(false),
@@ -117,8 +119,8 @@ impl RailIo {
         }
     }
 
-    fn fds(&self) -> ReadinessFds {
-        *self.fds.lock()
+    fn fd(&self) -> RawFd {
+        self.fd.load(Ordering::Acquire)
     }
 
     /// Ends the current link (both directions).
@@ -150,7 +152,7 @@ impl RailIo {
     /// go), with fresh transmit and receive state.
     fn replace(&self, link: Arc<dyn Transport>) {
         let mut tx = self.tx.lock();
-        *self.fds.lock() = link.readiness_fds();
+        self.fd.store(link.readiness_fd(), Ordering::Release);
         *self.sleeper_fds.lock() = link.sleeper_fds();
         self.express
             .store(link.carries_express(), Ordering::Release);

@@ -53,11 +53,10 @@ pub(crate) struct LinkSample {
     pub(crate) rtt: Duration,
 }
 
-/// Most descriptors a link's readiness is made of (see [`Transport::readiness_fds`]).
+/// Most descriptors a sleeper polls for one link (see [`Transport::sleeper_fds`]).
 pub(crate) const MAX_READINESS_FDS: usize = 4;
 
-/// The descriptors a link's readiness is made of, the primary one
-/// ([`Transport::readiness_fd`]) first.
+/// The descriptors a thread asleep on the rails polls for one link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ReadinessFds {
     fds: [RawFd; MAX_READINESS_FDS],
@@ -90,22 +89,16 @@ pub(crate) trait Transport: Send + Sync {
     /// The descriptor the engine polls: readable when bytes (or an error) wait, writable
     /// when [`Transport::send`] can take more. Edge-triggered; stable for the link's life.
     fn readiness_fd(&self) -> RawFd;
-    /// Every descriptor whose readiness concerns the link, [`Transport::readiness_fd`]
-    /// first, each polled the same way (edge-triggered, for reading and writing). A link
-    /// whose readiness has several sources lists them here rather than gathering them in an
-    /// epoll set of its own: an epoll set polled inside another lost wake-ups for tens of
-    /// milliseconds (docs/RAW-ETHERNET.md, "Readiness").
-    fn readiness_fds(&self) -> ReadinessFds {
-        ReadinessFds::new(&[self.readiness_fd()])
-    }
     /// The descriptors a thread asleep on the rails (`cq::rails`) polls for the link, for
-    /// reading; by default [`Transport::readiness_fds`]. Unlike the engine's, they may be
-    /// shared with other links (the sleeper then reads every link that lists the one that
-    /// turned ready). A sleeper's set outlives links, so none of them may be a duplicate
-    /// that closes with the link while its file lives on: the kernel keeps such an entry,
-    /// which can no longer be taken out, until the file goes.
+    /// reading; by default [`Transport::readiness_fd`]. A link whose readiness descriptor
+    /// is an epoll set of several sources lists the sources themselves: a sleeper woken
+    /// through a set nested in its own missed wake-ups (docs/RAW-ETHERNET.md,
+    /// "Readiness"). They may be shared with other links (the sleeper then reads every
+    /// link that lists the one that turned ready). A sleeper's set outlives links, so none
+    /// may be a duplicate that closes with the link while its file lives on: the kernel
+    /// keeps such an entry, out of reach, until the file goes.
     fn sleeper_fds(&self) -> ReadinessFds {
-        self.readiness_fds()
+        ReadinessFds::new(&[self.readiness_fd()])
     }
     /// Sends from `pieces` starting `skip` bytes in; returns the bytes taken.
     /// `WouldBlock` when the link is full; `EFAULT` when a piece's file page was truncated

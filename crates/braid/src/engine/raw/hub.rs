@@ -54,7 +54,7 @@ impl Inbox {
         self.bell.as_raw_fd()
     }
 
-    fn ring(&mut self) {
+    pub(crate) fn ring(&mut self) {
         if !self.rung {
             self.rung = true;
             let one = 1u64.to_ne_bytes();
