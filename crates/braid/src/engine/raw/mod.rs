@@ -536,23 +536,34 @@ mod tests {
         unsafe { libc::poll(&mut p, 1, 0) == 1 }
     }
 
-    #[test]
-    fn frames_another_rail_took_off_the_port_wake_their_own_rail() {
+    /// The port of `lo` (generic mode), or `None` where none can be opened (not root).
+    fn lo_hub() -> Option<Arc<Hub>> {
         let probe = TcpListener::bind("127.0.0.1:0").unwrap();
-        let Ok(hub) = Hub::for_socket(probe.as_raw_fd()) else {
+        let hub = Hub::for_socket(probe.as_raw_fd()).ok();
+        if hub.is_none() {
             eprintln!("SKIPPED: no AF_XDP port on lo here (needs root)");
-            return;
-        };
-        let (a, _ka) = link_on(&hub);
-        let (b, _kb) = link_on(&hub);
-        assert!(!readable(b.bell));
-        // A datagram for b, sent over lo to ourselves; a's reader takes it off the port.
+        }
+        hub
+    }
+
+    /// Sends a data datagram carrying `abc` over lo to ourselves, for the rail tagged `tag`.
+    fn send_abc_to(hub: &Hub, tag: u32) {
         let mut d = [0u8; LINK_HEADER + 3];
         d[0] = 1; // data
         d[2] = 3; // three bytes
         d[LINK_HEADER..].copy_from_slice(b"abc");
-        assert!(hub.send([0; 6], b.tag, &d).unwrap());
+        assert!(hub.send([0; 6], tag, &d).unwrap());
         hub.flush().unwrap();
+    }
+
+    #[test]
+    fn frames_another_rail_took_off_the_port_wake_their_own_rail() {
+        let Some(hub) = lo_hub() else { return };
+        let (a, _ka) = link_on(&hub);
+        let (b, _kb) = link_on(&hub);
+        assert!(!readable(b.bell));
+        // A datagram for b, sent over lo to ourselves; a's reader takes it off the port.
+        send_abc_to(&hub, b.tag);
         let deadline = Instant::now() + Duration::from_secs(5);
         while b.inbox.lock().bytes_waiting() == 0 {
             hub.pump(a.tag);
@@ -583,19 +594,10 @@ mod tests {
 
     #[test]
     fn a_sender_that_takes_the_readers_bytes_off_the_port_rings_its_bell() {
-        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
-        let Ok(hub) = Hub::for_socket(probe.as_raw_fd()) else {
-            eprintln!("SKIPPED: no AF_XDP port on lo here (needs root)");
-            return;
-        };
+        let Some(hub) = lo_hub() else { return };
         let (a, _ka) = link_on(&hub);
         // A datagram for a, sent over lo to ourselves.
-        let mut d = [0u8; LINK_HEADER + 3];
-        d[0] = 1; // data
-        d[2] = 3; // three bytes
-        d[LINK_HEADER..].copy_from_slice(b"abc");
-        assert!(hub.send([0; 6], a.tag, &d).unwrap());
-        hub.flush().unwrap();
+        send_abc_to(&hub, a.tag);
         let deadline = Instant::now() + Duration::from_secs(5);
         while !readable(hub.shared_readiness()) {
             assert!(
@@ -616,11 +618,7 @@ mod tests {
 
     #[test]
     fn an_unacknowledged_send_wakes_its_rail_at_the_resend_deadline() {
-        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
-        let Ok(hub) = Hub::for_socket(probe.as_raw_fd()) else {
-            eprintln!("SKIPPED: no AF_XDP port on lo here (needs root)");
-            return;
-        };
+        let Some(hub) = lo_hub() else { return };
         let (a, _ka) = link_on(&hub);
         let timer = a.timer.as_raw_fd();
         assert!(a.sleeper_fds().as_slice().contains(&timer));
