@@ -68,7 +68,7 @@ impl ReadinessFds {
     pub(crate) fn new(fds: &[RawFd]) -> ReadinessFds {
         assert!(
             !fds.is_empty() && fds.len() <= MAX_READINESS_FDS,
-            "a link's readiness is 1 to {MAX_READINESS_FDS} descriptors"
+            "a sleeper polls 1 to {MAX_READINESS_FDS} descriptors per link"
         );
         let mut r = ReadinessFds {
             fds: [-1; MAX_READINESS_FDS],
@@ -78,7 +78,7 @@ impl ReadinessFds {
         r
     }
 
-    /// The descriptors, primary first.
+    /// The descriptors.
     pub(crate) fn as_slice(&self) -> &[RawFd] {
         &self.fds[..self.n]
     }
