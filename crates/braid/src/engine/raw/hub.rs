@@ -30,9 +30,11 @@ pub(crate) struct Inbox {
     bytes: Vec<u8>,
     /// Source address each datagram must come from (the peer's), set when the rail joins.
     peer: [u8; 6],
-    /// An eventfd in the rail's readiness set: rung when another rail's reader put frames
-    /// here. The port's own readiness would not do: that reader emptied the port, and a
-    /// reader asleep on this rail would not wake for frames already taken off it.
+    /// An eventfd in the rail's readiness set: rung when a thread other than this rail's
+    /// reader took the rail's frames off the port (another rail's reader, which put them
+    /// here; a sender or the tick, which moved them into the link). The port's own
+    /// readiness would not do: the port is empty by then, and a reader asleep on this rail
+    /// would not wake for frames already taken off it.
     bell: OwnedFd,
     rung: bool,
 }
@@ -54,6 +56,7 @@ impl Inbox {
         self.bell.as_raw_fd()
     }
 
+    /// Wakes the rail's reader (once until it drains the inbox).
     pub(crate) fn ring(&mut self) {
         if !self.rung {
             self.rung = true;
