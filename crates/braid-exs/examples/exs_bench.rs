@@ -5,6 +5,8 @@
 //! cargo run --release -p braid-exs --example exs_bench -- --size 1048576 --seconds 3 --rounds 3 [--json]
 //!     [--depth 8] [--zc-min BYTES] [--unregistered] [--dequeue-half]
 //! ```
+//! `--send-batch N`: the `send()` side writes N buffers of `--size` per call (`writev`), to
+//! show what the size of one kernel call costs; the default 1 is plain `send()`.
 //! `--dequeue-half`: the sender waits for at least half of its outstanding sends at a time
 //! (`exs_qdequeue` with count `-(pending / 2)`, as an application written for the ES-API
 //! batches its reaping) instead of for any one; e.g. `--size 65536 --depth 16
@@ -18,7 +20,7 @@
 //! `--depth` registered receives of `--size` bytes; CPU includes the braid progress engine
 //! and the exs-braid completion thread (both ends are in this process).
 
-use std::io::{Read, Write};
+use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -35,6 +37,7 @@ struct Args {
     unregistered: bool,
     braid: Option<usize>,
     dequeue_half: bool,
+    send_batch: usize,
 }
 
 fn parse() -> Args {
@@ -48,6 +51,7 @@ fn parse() -> Args {
         unregistered: false,
         braid: None,
         dequeue_half: false,
+        send_batch: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -61,16 +65,21 @@ fn parse() -> Args {
             "--json" => a.json = true,
             "--unregistered" => a.unregistered = true,
             "--dequeue-half" => a.dequeue_half = true,
+            "--send-batch" => a.send_batch = val().parse().expect("--send-batch"),
             "--braid" => a.braid = Some(val().parse().expect("--braid")),
             "-h" | "--help" => {
                 println!(
-                    "exs_bench [--size B] [--seconds S] [--rounds N] [--depth D] [--zc-min B] [--unregistered] [--dequeue-half] [--braid RAILS] [--json]"
+                    "exs_bench [--size B] [--seconds S] [--rounds N] [--depth D] [--zc-min B] [--unregistered] [--dequeue-half] [--send-batch N] [--braid RAILS] [--json]"
                 );
                 std::process::exit(0);
             }
             o => panic!("unknown argument {o}"),
         }
     }
+    assert!(
+        (1..=1024).contains(&a.send_batch),
+        "--send-batch takes 1..=1024"
+    );
     assert!(a.size > 0 && a.depth > 0 && a.rounds > 0 && a.seconds > 0.0 && a.seconds <= 600.0);
     a
 }
@@ -151,10 +160,20 @@ fn round(a: &Args, exs_mode: bool) -> Round {
             inflight -= evs.len();
         }
     } else {
-        let buf = vec![1u8; a.size];
+        let bufs: Vec<Vec<u8>> = (0..a.send_batch).map(|_| vec![1u8; a.size]).collect();
         let mut tx = &tx;
         while t0.elapsed() < dur {
-            tx.write_all(&buf).unwrap();
+            if let [buf] = &bufs[..] {
+                tx.write_all(buf).unwrap();
+                continue;
+            }
+            let mut slices: Vec<IoSlice> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+            let mut rest = &mut slices[..];
+            while !rest.is_empty() {
+                let n = tx.write_vectored(rest).unwrap();
+                assert!(n > 0, "send: the stream refused bytes");
+                IoSlice::advance_slices(&mut rest, n);
+            }
         }
     }
     // SAFETY: plain shutdown of our socket.
@@ -338,13 +357,14 @@ fn main() {
     if a.json {
         println!(
             "{{\"size\":{},\"seconds\":{},\"rounds\":{},\"depth\":{},\"registered\":{},\"zc_min\":{},\
-             \"send_MBps\":{:.1},\"exs_MBps\":{:.1},\"ratio\":{:.4},\"send_cpu_s_per_GB\":{:.3},\"exs_cpu_s_per_GB\":{:.3}}}",
+             \"send_batch\":{},\"send_MBps\":{:.1},\"exs_MBps\":{:.1},\"ratio\":{:.4},\"send_cpu_s_per_GB\":{:.3},\"exs_cpu_s_per_GB\":{:.3}}}",
             a.size,
             a.seconds,
             a.rounds,
             a.depth,
             !a.unregistered,
             zc,
+            a.send_batch,
             s_mbs,
             e_mbs,
             ratio,
@@ -353,8 +373,8 @@ fn main() {
         );
     } else {
         println!(
-            "size {} B, {} x {} s rounds, depth {}, registered {}, zc_min {}",
-            a.size, a.rounds, a.seconds, a.depth, !a.unregistered, zc
+            "size {} B, {} x {} s rounds, depth {}, registered {}, zc_min {}, send() {} buffer(s) a call",
+            a.size, a.rounds, a.seconds, a.depth, !a.unregistered, zc, a.send_batch
         );
         println!("{:>8} {:>12} {:>14}", "mode", "MB/s", "CPU s/GB");
         println!("{:>8} {:>12.1} {:>14.3}", "send()", s_mbs, s_cpu);

@@ -560,6 +560,8 @@ impl Queue {
 
     fn dequeue_raw(&self, count: i64, timeout: Option<Duration>) -> io::Result<Vec<Event>> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        // A thread that comes to wait has done its sending: sends held back for it go.
+        global().map_err(err)?.release_held();
         let got = self.shared.dequeue(count, deadline).map_err(err)?;
         Ok(got.into_iter().map(Event::from_completion).collect())
     }
@@ -589,6 +591,9 @@ impl Future for NextEvent<'_> {
     type Output = io::Result<Event>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Ok(g) = global() {
+            g.release_held();
+        }
         match self.queue.shared.poll_one(cx.waker()) {
             Some(Ok(c)) => Poll::Ready(Ok(Event::from_completion(c))),
             Some(Err(e)) => Poll::Ready(Err(err(e))),

@@ -70,7 +70,10 @@ pub unsafe extern "C" fn exs_qdequeue(
     timeout: *const timespec,
 ) -> c_int {
     guard(-1, || {
-        let queue = global()?.queue(q)?;
+        let g = global()?;
+        let queue = g.queue(q)?;
+        // A thread that comes to wait has done its sending: sends held back for it go.
+        g.release_held();
         if count == 0 {
             return Ok(0);
         }

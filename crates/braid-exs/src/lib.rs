@@ -100,16 +100,37 @@
 //!
 //! ## Throughput (loopback, 2 shared cores, noisy)
 //!
-//! `cargo run --release -p braid-exs --example exs_bench -- --size N --seconds 2 --rounds 3`:
-//! exs/`send()` throughput ratio 1.04–1.09 at 1 MiB, 1.06 at 128 KiB, 1.31 at 256 KiB,
-//! 1.34 at 4 MiB, but 0.85–0.87 at 64 KiB, where the per-operation hand-off to the progress
-//! thread and one-send-in-flight-per-socket dominate (batching queued sends of a socket into
-//! one `sendmsg` is the next step).
+//! Plain mode keeps one send (or one batch) per socket in the kernel at a time, for order.
+//! Sends queued behind it go to the kernel together as one `sendmsg` (at most 16 sends and
+//! 1 MiB). On loopback TCP a large call is cheaper per byte than several small ones, beyond
+//! the syscalls saved: `exs_bench --size 65536 --depth 16 --dequeue-half --seconds 2
+//! --rounds 2 --send-batch N`, whose `send()` side then writes N buffers a call, three
+//! alternations at 2026-11-28 17:54 UTC: N = 16 (1 MiB a call) 5.2-5.7 GB/s at 0.25-0.27
+//! CPU s/GB; N = 8 3.8-3.9 GB/s at 0.34-0.35; N = 1 (plain `send()`) 3.8-4.1 GB/s at
+//! 0.33-0.35. (So an application that gathers 1 MiB into one `writev` itself gets this too.)
+//!
+//! An application that reaps half of its outstanding sends and reposts them would leave
+//! the batches at half size: when a batch finishes, the other half is already queued and
+//! goes at once, and the reposts queue behind it. So when a send's event wakes a thread
+//! waiting on its queue and the sends queued behind it make at most half a batch, the front
+//! holds them back for that thread's reposts. The hold ends as soon as the batch is full,
+//! the thread waits on a queue again (its reposts are done), it posts a synchronous send,
+//! or after 50 µs (a timer in the ring), whichever comes first. A short batch behind a send
+//! whose event wakes nobody is never held.
+//!
+//! `exs_bench --size 65536 --depth 16 --dequeue-half --seconds 3 --rounds 3` (that
+//! pattern), ten runs, 2026-11-28 17:50 UTC: 1.03-1.62x the throughput of `send()` (median
+//! 1.26) at 0.63-0.95x its CPU per byte; before the hold (15:28 UTC, the same command)
+//! 0.97-1.22x (median 1.10) at 0.84-1.02x. Sends reaped as they come (`--size 65536
+//! --depth 16 --seconds 2 --rounds 3`), four alternations of the builds before and after
+//! the hold, 17:48-17:50 UTC: exs 4.63-4.88 GB/s before, 4.86-5.05 after.
 //!
 //! ## Limits
 //!
 //! Operations on a socket whose descriptor was closed while they were outstanding keep the
 //! socket open until they complete: `shutdown()` first. `exs_cancel` returns `ENOSYS`.
+//! A thread woken by a send's event that neither sends again nor waits on a queue delays
+//! the short batch held for it by up to 50 µs (see Throughput).
 //! braid mode: a socket's state lingers after `close()` until the peer ends its direction
 //! too (or fails); each attach makes its own endpoint (no sharing of rails between sockets);
 //! `exs_braid_attach` blocks (at most 15 s) and wants no operation outstanding on the socket.

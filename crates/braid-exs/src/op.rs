@@ -103,6 +103,9 @@ pub(crate) trait CompletionSink: Send + Sync {
     /// Like [`CompletionSink::complete`] for a batched send that is not the batch's last op:
     /// posts the event but keeps the socket's send slot, which the rest of the batch holds.
     fn complete_held(&self, op: Box<Op>, res: Result<usize, Errno>);
+    /// The time a backend was asked for with [`Backend::arm_flush`] is up: start the sends
+    /// held back for it.
+    fn flush_held(&self);
 }
 
 /// A transport that moves the bytes of operations: the io_uring backend for plain sockets,
@@ -117,6 +120,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// A backend that says yes must handle [`Op::batch`] and finish the batch's ops in
     /// order, calling [`CompletionSink::complete_held`] for all but the last.
     fn batchable(&self, _op: &Op) -> bool {
+        false
+    }
+    /// Call [`CompletionSink::flush_held`] within `after`, from the thread that completes
+    /// this backend's operations. Asked only on that thread; `false` if the backend cannot,
+    /// and then the front holds nothing back.
+    fn arm_flush(&self, _after: std::time::Duration) -> bool {
         false
     }
     /// Memory was registered: return a cookie for [`Op::fixed`] if the backend can use it

@@ -77,6 +77,13 @@ impl QueueShared {
         }
     }
 
+    /// Would one more event wake a thread blocked in `dequeue` on this queue?
+    pub(crate) fn would_wake(&self) -> bool {
+        let st = self.state.lock();
+        let ready = st.events.len() + 1;
+        st.needs.iter().any(|&n| n <= ready)
+    }
+
     /// Dequeue: `count > 0`: 1..=count events, waiting while none; `count < 0`: exactly
     /// `-count`, waiting until that many; `deadline` None waits without limit. Returns an
     /// empty vector on timeout. `Err(EINVAL)` if the queue was deleted meanwhile.
@@ -252,6 +259,33 @@ mod tests {
         assert_eq!(three.join().unwrap(), 3);
         assert_eq!(one.join().unwrap(), 1);
         assert!(q.state.lock().needs.is_empty(), "no waiter left registered");
+    }
+
+    #[test]
+    fn would_wake_says_whether_one_more_event_lets_a_waiter_go() {
+        let q = Arc::new(QueueShared::new(4));
+        assert!(!q.would_wake(), "nobody waits");
+        let waiter = {
+            let q = q.clone();
+            std::thread::spawn(move || {
+                q.dequeue(-2, Some(Instant::now() + Duration::from_secs(20)))
+                    .unwrap()
+                    .len()
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while q.state.lock().needs.is_empty() {
+            assert!(Instant::now() < deadline, "the waiter never waited");
+            std::thread::yield_now();
+        }
+        assert!(!q.would_wake(), "it needs two");
+        q.reserve().unwrap();
+        q.post(event(1));
+        assert!(q.would_wake(), "one more makes two");
+        q.reserve().unwrap();
+        q.post(event(2));
+        assert_eq!(waiter.join().unwrap(), 2);
+        assert!(!q.would_wake(), "nobody waits any more");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use io_uring::{IoUring, cqueue, opcode, squeue, types::Fd};
+use io_uring::{IoUring, cqueue, opcode, squeue, types, types::Fd};
 use parking_lot::Mutex;
 
 use crate::op::{Backend, CompletionSink, Errno, Op, OpKind, advance};
@@ -32,6 +32,8 @@ pub(crate) fn on_progress_thread() -> bool {
 }
 
 const WAKE: u64 = 0;
+/// The `user_data` of the flush timer (op pointers are never 1).
+const FLUSH: u64 = 1;
 const FIXED_SLOTS: u32 = 1024;
 const MAX_CHUNK: usize = 1 << 30;
 /// Default zero-copy threshold (0 = never); see the crate docs for the measurements.
@@ -48,6 +50,10 @@ pub(crate) struct UringBackend {
     slots: Mutex<Vec<u32>>,
     zc_min: AtomicUsize,
     sink: &'static dyn CompletionSink,
+    /// A flush timer is in the ring; `flush_after` is what it was armed with (the kernel
+    /// reads it at submission, and it is not rewritten until the timer has fired).
+    flush_armed: AtomicBool,
+    flush_after: Mutex<types::Timespec>,
 }
 
 impl UringBackend {
@@ -82,6 +88,8 @@ impl UringBackend {
             slots: Mutex::new(slots),
             zc_min: AtomicUsize::new(zc_min),
             sink,
+            flush_armed: AtomicBool::new(false),
+            flush_after: Mutex::new(types::Timespec::new()),
         });
         let th = me.clone();
         std::thread::Builder::new()
@@ -159,6 +167,11 @@ impl UringBackend {
                 if ud == WAKE {
                     self.notified.store(false, Ordering::SeqCst);
                     arm_wake = true;
+                    continue;
+                }
+                if ud == FLUSH {
+                    self.flush_armed.store(false, Ordering::Relaxed);
+                    self.sink.flush_held();
                     continue;
                 }
                 self.on_cqe(ud, res, flags);
@@ -374,6 +387,23 @@ impl Backend for UringBackend {
             && op.batch.is_empty()
             && op.msg_flags & libc::MSG_OOB == 0
             && !self.zc_eligible(op)
+    }
+
+    /// One timer serves every socket: a flush that comes early only ends a hold sooner.
+    fn arm_flush(&self, after: std::time::Duration) -> bool {
+        if !on_progress_thread() {
+            return false;
+        }
+        if self.flush_armed.swap(true, Ordering::Relaxed) {
+            return true;
+        }
+        let mut ts = self.flush_after.lock();
+        *ts = types::Timespec::from(after);
+        let ptr: *const types::Timespec = &*ts;
+        // SAFETY: the timespec lives in `self` and is not written again before this
+        // timer's completion clears `flush_armed`; the kernel reads it when it is submitted.
+        self.push(opcode::Timeout::new(ptr).build().user_data(FLUSH));
+        true
     }
 
     fn register(&self, addr: *mut u8, len: usize) -> Result<Option<u32>, Errno> {

@@ -11,6 +11,7 @@ mod table;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -49,6 +50,10 @@ struct RegEntry {
 struct Sock {
     outstanding: usize,
     send_busy: bool,
+    /// The sends in `send_fifo` are held back (the slot stays busy) for the sends of the
+    /// thread their predecessor's completion woke, so that both go in one batch; see
+    /// `complete::hold_short_batch`.
+    send_held: bool,
     send_fifo: VecDeque<Box<Op>>,
     recv_busy: bool,
     recv_fifo: VecDeque<Box<Op>>,
@@ -58,10 +63,14 @@ struct Core {
     queues: Table<Arc<QueueShared>>,
     regs: Table<RegEntry>,
     socks: HashMap<RawFd, (SockMode, Sock)>,
+    /// Sockets whose sends may be held back (a socket may be listed after its hold ended).
+    held: Vec<RawFd>,
 }
 
 pub(crate) struct Global {
     core: Mutex<Core>,
+    /// `core.held` is not empty: a dequeue must release the holds.
+    any_held: AtomicBool,
     plain: Arc<UringBackend>,
     /// Started by the first `exs_braid_attach`.
     braid: OnceLock<Arc<BraidBackend>>,
@@ -80,7 +89,9 @@ pub(crate) fn global() -> Result<&'static Global, Errno> {
                     queues: Table::new(),
                     regs: Table::new(),
                     socks: HashMap::new(),
+                    held: Vec::new(),
                 }),
+                any_held: AtomicBool::new(false),
                 plain,
                 braid: OnceLock::new(),
                 braid_start: Mutex::new(()),
@@ -351,6 +362,14 @@ impl Global {
             self.backend(mode).start(op);
         } else if *busy {
             fifo.push_back(op);
+            // A held batch goes once it is full, or when its sender is about to block.
+            if kind == OpKind::Send
+                && sock.send_held
+                && (sync || complete::batch_is_full(&sock.send_fifo))
+                && let Some(n) = complete::next_send(self.backend(mode), sock)
+            {
+                self.backend(mode).start(n);
+            }
         } else {
             *busy = true;
             self.backend(mode).start(op);
@@ -359,6 +378,26 @@ impl Global {
         match slot {
             None => Ok(None),
             Some(s) => s.wait().map(Some),
+        }
+    }
+
+    /// Start the sends held back for the reposts of a woken thread. Called when a thread
+    /// comes to wait for events (its reposts are done) and when the hold's time is up.
+    pub(crate) fn release_held(&self) {
+        if !self.any_held.load(Ordering::Acquire) {
+            return;
+        }
+        let mut core = self.core.lock();
+        self.any_held.store(false, Ordering::Release);
+        for fd in std::mem::take(&mut core.held) {
+            let Some((mode, sock)) = core.socks.get_mut(&fd) else {
+                continue;
+            };
+            if sock.send_held
+                && let Some(n) = complete::next_send(self.backend(*mode), sock)
+            {
+                self.backend(*mode).start(n);
+            }
         }
     }
 
