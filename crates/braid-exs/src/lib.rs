@@ -119,8 +119,9 @@
 //! whose event wakes nobody is never held.
 //!
 //! `exs_bench --size 65536 --depth 16 --dequeue-half --seconds 3 --rounds 3` (that
-//! pattern), ten runs, 2026-11-28 17:50 UTC: 1.03-1.62x the throughput of `send()` (median
-//! 1.26) at 0.63-0.95x its CPU per byte; before the hold (15:28 UTC, the same command)
+//! pattern), ten runs at 2026-11-28 18:05 UTC: 1.14-1.44x the throughput of `send()`
+//! (median 1.29) at 0.69-0.86x its CPU per byte; ten at 17:50 UTC: 1.03-1.62x (median
+//! 1.26) at 0.63-0.95x; before the hold (15:28 UTC, the same command)
 //! 0.97-1.22x (median 1.10) at 0.84-1.02x. Sends reaped as they come (`--size 65536
 //! --depth 16 --seconds 2 --rounds 3`), four alternations of the builds before and after
 //! the hold, 17:48-17:50 UTC: exs 4.63-4.88 GB/s before, 4.86-5.05 after.
