@@ -107,20 +107,22 @@ impl UringBackend {
         self.zc_min.load(Ordering::Relaxed)
     }
 
-    fn push(&self, e: squeue::Entry) {
+    /// Queue an entry for the next submission; `false` if the queue stayed full.
+    fn push(&self, e: squeue::Entry) -> bool {
         // Bounded: each round either pushes or submits (which frees SQ space).
         for _ in 0..1000 {
             // SAFETY: only the progress thread touches the submission queue.
             let mut sq = unsafe { self.ring.submission_shared() };
-            // SAFETY: the entry's pointers live in a boxed Op (or the thread's wake buffer)
-            // that stays alive until its CQE is reaped.
+            // SAFETY: the entry's pointers live in a boxed Op, the thread's wake buffer or
+            // `flush_after`, each alive until the entry's CQE is reaped.
             if unsafe { sq.push(&e) }.is_ok() {
-                return;
+                return true;
             }
             drop(sq);
             let _ = self.ring.submit();
         }
         tracing::error!("exs: submission queue stuck full");
+        false
     }
 
     fn run(self: Arc<Self>) {
@@ -402,8 +404,11 @@ impl Backend for UringBackend {
         let ptr: *const types::Timespec = &*ts;
         // SAFETY: the timespec lives in `self` and is not written again before this
         // timer's completion clears `flush_armed`; the kernel reads it when it is submitted.
-        self.push(opcode::Timeout::new(ptr).build().user_data(FLUSH));
-        true
+        let armed = self.push(opcode::Timeout::new(ptr).build().user_data(FLUSH));
+        if !armed {
+            self.flush_armed.store(false, Ordering::Relaxed);
+        }
+        armed
     }
 
     fn register(&self, addr: *mut u8, len: usize) -> Result<Option<u32>, Errno> {
