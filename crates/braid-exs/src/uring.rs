@@ -140,8 +140,8 @@ impl UringBackend {
                 )
                 .build()
                 .user_data(WAKE);
-                self.push(e);
-                arm_wake = false;
+                // Retried at the next turn if the queue stayed full.
+                arm_wake = !self.push(e);
             }
             std::mem::swap(&mut local, &mut *self.pending.lock());
             for op in local.drain(..) {
@@ -251,7 +251,12 @@ impl UringBackend {
             }
         };
         let ud = Box::into_raw(op) as u64;
-        self.push(e.user_data(ud));
+        if !self.push(e.user_data(ud)) {
+            // SAFETY: the entry never reached the ring: the op is still ours. It fails (with
+            // its batch, op by op) rather than never completing.
+            let op = unsafe { Box::from_raw(ud as *mut Op) };
+            self.fail(op, libc::EBUSY);
+        }
     }
 
     fn on_cqe(&self, ud: u64, res: i32, flags: u32) {
