@@ -4,8 +4,8 @@
 //! tells the server with a send; the server checks the bytes. One rail per address pair:
 //!
 //! ```sh
-//! rma_write server 10.0.1.2:7000,10.0.2.2:7000                      # host B, one address per NIC
-//! rma_write client 10.0.1.1=10.0.1.2:7000,10.0.2.1=10.0.2.2:7000    # host A: LOCAL=REMOTE per rail
+//! rma_write server 10.0.1.2:18600,10.0.2.2:18600                    # host B: an address per NIC
+//! rma_write client 10.0.1.1=10.0.1.2:18600,10.0.2.1=10.0.2.2:18600  # host A: LOCAL=REMOTE per rail
 //! ```
 //!
 //! The client retries a refused connection for up to 10 s, so both may start together.
