@@ -15,11 +15,13 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
     OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request as FuseReq, TimeOrNow, WriteFlags,
+    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, Request as FuseReq, TimeOrNow,
+    WriteFlags,
 };
 use parking_lot::Mutex;
 
 use super::MountConfig;
+use super::coord::KernelLock;
 use super::dirview::DirViews;
 use super::known::Known;
 use super::pool::Pool;
@@ -80,6 +82,7 @@ impl BraidFs {
                 seen: Mutex::new(HashMap::new()),
                 known: Known::new(cfg.attr_timeout, cfg.entry_timeout),
                 views: DirViews::new(cfg.negative_timeout),
+                locks: Default::default(),
                 absent_from_views: AtomicU64::new(0),
                 spin: cfg.poll_spin,
                 notifier: Mutex::new(None),
@@ -141,6 +144,9 @@ impl Filesystem for BraidFs {
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_MAX_PAGES,
+            // Locks go to the server, which holds them for every client.
+            InitFlags::FUSE_POSIX_LOCKS,
+            InitFlags::FUSE_FLOCK_LOCKS,
         ] {
             if config.add_capabilities(cap).is_err() {
                 tracing::debug!("kernel lacks {cap:?}");
@@ -498,7 +504,7 @@ impl Filesystem for BraidFs {
         offset: u64,
         data: &[u8],
         wf: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -519,6 +525,9 @@ impl Filesystem for BraidFs {
         }
         if !s.client.is_connected() {
             return reply.error(fuser::Errno::ENOTCONN);
+        }
+        if flags.0 & libc::O_APPEND != 0 {
+            return s.append(&h, data, reply);
         }
         let end = offset.saturating_add(data.len() as u64);
         if data.len() <= INLINE_GROWTH_MAX && end > h.state.size() && h.state.begin_request_write()
@@ -585,12 +594,13 @@ impl Filesystem for BraidFs {
         _req: &FuseReq,
         _ino: INodeNo,
         fh: FileHandle,
-        _lock: LockOwner,
+        owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         let Some(h) = self.shared.handle(fh) else {
             return reply.ok();
         };
+        self.shared.release_lock_owner(&h, owner.0);
         let always = self.shared.sync_on_close;
         let flags = if always { COMMIT_SYNC } else { 0 };
         let done = Arc::new(AtomicBool::new(false));
@@ -784,5 +794,56 @@ impl Filesystem for BraidFs {
             Ok(_) => reply.error(fuser::Errno::EIO),
             Err(e) => reply.error(errno(&e)),
         });
+    }
+
+    fn getlk(
+        &self,
+        _req: &FuseReq,
+        _ino: INodeNo,
+        fh: FileHandle,
+        owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let Some(h) = self.shared.handle(fh) else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let l = KernelLock {
+            owner: owner.0,
+            start,
+            end,
+            typ,
+            pid,
+        };
+        self.shared.getlk(&h, l, reply);
+    }
+
+    fn setlk(
+        &self,
+        _req: &FuseReq,
+        _ino: INodeNo,
+        fh: FileHandle,
+        owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(h) = self.shared.handle(fh) else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let l = KernelLock {
+            owner: owner.0,
+            start,
+            end,
+            typ,
+            pid,
+        };
+        self.shared.setlk(&h, l, sleep, reply);
     }
 }
