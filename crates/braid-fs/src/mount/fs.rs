@@ -23,40 +23,17 @@ use parking_lot::Mutex;
 use super::MountConfig;
 use super::coord::KernelLock;
 use super::dirview::DirViews;
+use super::fs_helpers::{fill, timeset};
 use super::known::Known;
 use super::pool::Pool;
-use super::shared::{DirHandle, Handle, Shared, errno, kind};
+use super::shared::{DirHandle, Handle, Shared, errno};
 use crate::client::Client;
-use crate::proto::{
-    COMMIT_DATASYNC, COMMIT_SYNC, DirEntry, Reply, Request, SetAttr, TimeSet, Timestamp,
-};
+use crate::proto::{COMMIT_DATASYNC, COMMIT_SYNC, Reply, Request, SetAttr};
 
 /// Small writes that grow a file travel inside a request (one round trip, no `MapRegion`).
 const INLINE_GROWTH_MAX: usize = 32 * 1024;
 /// How long a kernel request may wait for a free buffer.
 const BUFFER_WAIT: Duration = Duration::from_secs(30);
-
-fn timeset(t: Option<TimeOrNow>) -> TimeSet {
-    match t {
-        None => TimeSet::Omit,
-        Some(TimeOrNow::Now) => TimeSet::Now,
-        Some(TimeOrNow::SpecificTime(t)) => TimeSet::At(Timestamp::from_system_time(t)),
-    }
-}
-
-/// Adds entries to a kernel readdir reply until it is full.
-fn fill(entries: &[DirEntry], reply: &mut ReplyDirectory) {
-    for e in entries {
-        if reply.add(
-            INodeNo(e.ino),
-            e.next_offset,
-            kind(e.file_type),
-            OsStr::from_bytes(&e.name),
-        ) {
-            break;
-        }
-    }
-}
 
 /// The FUSE side of a mount.
 pub(crate) struct BraidFs {
@@ -91,34 +68,7 @@ impl BraidFs {
         }
     }
 
-    /// Unlink or rmdir: sends `request(parent, name)` and keeps the known attributes right.
-    fn remove(
-        &self,
-        parent: INodeNo,
-        name: &OsStr,
-        reply: ReplyEmpty,
-        request: impl FnOnce(crate::proto::NodeId, Vec<u8>) -> Request,
-    ) {
-        let s = self.shared.clone();
-        let name = Self::name(name);
-        // The removed object's link count and times change too, and it is known here
-        // only by name.
-        s.known.forget_all();
-        let epoch = s.known.epoch();
-        let r = request(s.node(parent), name.clone());
-        self.shared.call(&r, move |r| match r {
-            Ok(reply_body) => {
-                if let Reply::Attr(a) = &reply_body {
-                    s.known.learn(epoch, parent.0, a);
-                }
-                s.removed(parent.0, &name);
-                reply.ok()
-            }
-            Err(e) => reply.error(errno(&e)),
-        });
-    }
-
-    fn name(name: &OsStr) -> Vec<u8> {
+    pub(crate) fn name(name: &OsStr) -> Vec<u8> {
         name.as_bytes().to_vec()
     }
 }

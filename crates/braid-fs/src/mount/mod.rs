@@ -22,6 +22,7 @@
 mod coord;
 mod dirview;
 mod fs;
+mod fs_helpers;
 mod known;
 mod pool;
 mod shared;

@@ -178,14 +178,9 @@ impl Export {
         self.table.len()
     }
 
-    /// The object open as `fh` and whether it is open for writing (for the lock table).
-    pub(crate) fn open_file_id(
-        &self,
-        cs: &Mutex<ClientState>,
-        fh: u64,
-    ) -> Result<(u64, bool), Errno> {
-        let f = cs.lock().file(fh)?;
-        Ok((f.inode.id, f.writable))
+    /// The object open as `fh` (the lock table's key for it).
+    pub(crate) fn open_file_id(&self, cs: &Mutex<ClientState>, fh: u64) -> Result<u64, Errno> {
+        Ok(cs.lock().file(fh)?.inode.id)
     }
 
     /// Releases everything a client held.

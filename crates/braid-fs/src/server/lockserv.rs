@@ -40,7 +40,7 @@ impl Shared {
             Request::SetLockWait(l) => self.set_lock(conn, id, &l, true),
             Request::Release { fh } => {
                 // The last close of an open file: its flock and OFD locks go with it.
-                if let (Ok((file, _)), Some(client)) =
+                if let (Ok(file), Some(client)) =
                     (self.export.open_file_id(&conn.client, fh), client_of(conn))
                 {
                     let mut woken = Vec::new();
@@ -114,16 +114,15 @@ impl Shared {
 
     fn want(&self, conn: &Arc<Conn>, l: &LockRequest) -> Result<(u64, Want), Errno> {
         let client = client_of(conn).ok_or(Errno::EPROTO)?;
-        let (file, writable) = self.export.open_file_id(&conn.client, l.fh)?;
+        // No check that a write lock comes through a writable handle: fcntl's is made by
+        // the client's kernel, and flock takes exclusive locks through read-only files
+        // (the kernel hands it over as a write lock, without telling which it is).
+        let file = self.export.open_file_id(&conn.client, l.fh)?;
         let kind = match l.range.kind {
             LockKind::Read => Some(Kind::Read),
             LockKind::Write => Some(Kind::Write),
             LockKind::Unlock => None,
         };
-        // As fcntl(2): a write lock needs a descriptor open for writing.
-        if kind == Some(Kind::Write) && !writable {
-            return Err(Errno::EBADF);
-        }
         Ok((
             file,
             Want {
