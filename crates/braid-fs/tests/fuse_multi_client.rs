@@ -72,6 +72,47 @@ fn appends_in_turns_from_two_mounts_keep_every_line() {
     assert_eq!(fs::read_to_string(lb.export().join("w")).unwrap(), want);
 }
 
+/// An appending descriptor that can also read bypasses the page cache (the server places
+/// its bytes), yet reads and shared mappings of it see what it appended.
+#[test]
+fn an_appending_read_write_file_reads_and_maps() {
+    require_fuse!();
+    let lb = Loopback::new(1);
+    let (a, b) = (lb.mount("a", long_caches), lb.mount("b", long_caches));
+    fs::write(a.mountpoint().join("f"), b"0123").unwrap();
+    let mut f = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(b.mountpoint().join("f"))
+        .unwrap();
+    append_line(&a.mountpoint().join("f"), "4567");
+    f.write_all(b"89").unwrap();
+    let mut back = String::new();
+    std::io::Read::read_to_string(
+        &mut File::open(b.mountpoint().join("f")).unwrap(),
+        &mut back,
+    )
+    .unwrap();
+    assert_eq!(back, "0123456789");
+    // SAFETY: a fresh mapping of 10 bytes of an open file, read while mapped, unmapped.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            10,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        assert_eq!(
+            std::slice::from_raw_parts(p as *const u8, 10),
+            b"0123456789"
+        );
+        libc::munmap(p, 10);
+    }
+}
+
 /// Four mounts appending at once, each line by its own open/append/close: all intact.
 #[test]
 fn concurrent_appends_from_four_mounts_keep_every_line() {

@@ -97,6 +97,8 @@ impl Filesystem for BraidFs {
             // Locks go to the server, which holds them for every client.
             InitFlags::FUSE_POSIX_LOCKS,
             InitFlags::FUSE_FLOCK_LOCKS,
+            // Shared mappings of files opened with FOPEN_DIRECT_IO (appending ones).
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         ] {
             if config.add_capabilities(cap).is_err() {
                 tracing::debug!("kernel lacks {cap:?}");

@@ -508,3 +508,37 @@ fn unknown_status_decodes_as_eio() {
     r[16..20].copy_from_slice(&4242u32.to_le_bytes());
     assert_eq!(decode_reply(&r).unwrap(), (3, Op::GetAttr, Err(Errno::EIO)));
 }
+
+#[test]
+fn appends_and_locks_refuse_inconsistent_bodies() {
+    let both = Request::Append {
+        fh: 1,
+        data: vec![1],
+        reserve: 5,
+    };
+    let m = encode_request(1, &both).unwrap();
+    assert!(matches!(
+        decode_request(&m),
+        Err(DecodeError::BadValue("append reserve", 5))
+    ));
+    let neither = Request::Append {
+        fh: 1,
+        data: vec![],
+        reserve: 0,
+    };
+    assert!(decode_request(&encode_request(1, &neither).unwrap()).is_err());
+    let backwards = Request::SetLock(LockRequest {
+        fh: 1,
+        owner: 2,
+        range: LockRange {
+            kind: LockKind::Read,
+            start: 10,
+            end: 9,
+            pid: 0,
+        },
+    });
+    assert!(matches!(
+        decode_request(&encode_request(1, &backwards).unwrap()),
+        Err(DecodeError::BadValue("lock range end", 9))
+    ));
+}
