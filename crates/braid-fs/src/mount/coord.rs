@@ -16,7 +16,9 @@ use parking_lot::Mutex;
 
 use super::shared::{Handle, Shared, errno};
 use crate::client::Error;
-use crate::proto::{Errno, LockKind, LockRange, LockRequest, MAX_INLINE_WRITE, Reply, Request};
+use crate::proto::{
+    COMMIT_SYNC, Errno, LockKind, LockRange, LockRequest, MAX_INLINE_WRITE, Reply, Request,
+};
 
 /// Most lock waits outstanding at once (each holds a request slot of the client).
 pub(crate) const MAX_LOCK_WAITS: usize = 16;
@@ -176,26 +178,39 @@ impl Shared {
     }
 
     /// `F_SETLK` / `F_SETLKW` (and `flock`, which the kernel hands over as a lock of the
-    /// whole file owned by the open file).
+    /// whole file owned by the open file). As NFS does, a lock brings what others wrote
+    /// under it and an unlock hands over what this client wrote: an unlock goes out once
+    /// this client's writes of the file have landed on the server, and a granted lock drops
+    /// the kernel's cached pages and attributes of the file, so the next read asks the
+    /// server.
     pub(crate) fn setlk(self: &Arc<Self>, h: &Handle, l: KernelLock, sleep: bool, r: ReplyEmpty) {
         let req = match l.request(h.fh) {
             Ok(req) => req,
             Err(e) => return r.error(e),
         };
-        if req.range.kind != LockKind::Unlock {
-            self.locks.locked.lock().insert(h.node);
+        let node = h.node;
+        let unlock = req.range.kind == LockKind::Unlock;
+        if !unlock {
+            self.locks.locked.lock().insert(node);
         }
-        let wait = sleep && req.range.kind != LockKind::Unlock;
-        if !wait {
-            let done = Arc::new(AtomicBool::new(false));
-            self.send(
-                &Request::SetLock(req),
-                move |x| match x {
-                    Ok(_) => r.ok(),
-                    Err(e) => r.error(lock_errno(&e)),
-                },
-                done.clone(),
-            );
+        let granted = {
+            let s = self.clone();
+            move |x: Result<Reply, Error>, r: ReplyEmpty| match x {
+                Ok(_) => {
+                    if !unlock {
+                        s.drop_cached(node);
+                    }
+                    r.ok()
+                }
+                Err(e) => r.error(lock_errno(&e)),
+            }
+        };
+        if !sleep || unlock {
+            let (s, done) = (self.clone(), Arc::new(AtomicBool::new(false)));
+            let d = done.clone();
+            h.state.when_idle(Box::new(move || {
+                s.send(&Request::SetLock(req), move |x| granted(x, r), d);
+            }));
             return self.help(&done);
         }
         if self.locks.waiting.fetch_add(1, Ordering::AcqRel) >= MAX_LOCK_WAITS {
@@ -207,19 +222,32 @@ impl Shared {
         self.client
             .call_async(&Request::SetLockWait(req), move |x| {
                 s.locks.waiting.fetch_sub(1, Ordering::AcqRel);
-                match x {
-                    Ok(_) => r.ok(),
-                    Err(e) => r.error(lock_errno(&e)),
-                }
+                granted(x, r)
             });
     }
 
-    /// A close by the POSIX lock owner `owner` (FUSE flush): its locks on the file go,
-    /// as `close(2)` of any descriptor of the file releases them; waits for the server's
-    /// answer, so another client can take them once `close` returns.
-    pub(crate) fn release_lock_owner(&self, h: &Handle, owner: u64) {
+    /// Drops what the kernel and this mount cached of `node`'s pages and attributes.
+    fn drop_cached(&self, node: u64) {
+        self.known.forget(&[node]);
+        if let Some(n) = self.notifier.lock().as_ref()
+            && let Err(e) = n.inval_inode(fuser::INodeNo(node), 0, 0)
+        {
+            tracing::debug!("dropping cached pages of {node}: {e}");
+        }
+    }
+
+    /// A close by the POSIX lock owner `owner` (FUSE flush), after its writes were
+    /// committed: its locks on the file go, as `close(2)` of any descriptor of the file
+    /// releases them; `then` runs once the server has answered, so another client can take
+    /// them once `close` returns.
+    pub(crate) fn release_lock_owner(
+        &self,
+        h: &Handle,
+        owner: u64,
+        then: impl FnOnce() + Send + 'static,
+    ) {
         if !self.locks.locked.lock().contains(&h.node) {
-            return;
+            return then();
         }
         let req = Request::SetLock(LockRequest {
             fh: h.fh,
@@ -231,8 +259,30 @@ impl Shared {
                 pid: 0,
             },
         });
-        if let Err(e) = self.client.call(&req) {
-            tracing::debug!("releasing the locks of a closing owner: {e}");
-        }
+        self.client.call_async(&req, move |r| {
+            if let Err(e) = r {
+                tracing::debug!("releasing the locks of a closing owner: {e}");
+            }
+            then()
+        });
+    }
+
+    /// A close (FUSE flush) by `owner`: this client's writes of the file committed (close-
+    /// to-open), then the owner's locks on the file released (an unlock hands them over).
+    pub(crate) fn close(self: &Arc<Self>, h: Arc<Handle>, owner: u64, reply: ReplyEmpty) {
+        let always = self.sync_on_close;
+        let flags = if always { COMMIT_SYNC } else { 0 };
+        let done = Arc::new(AtomicBool::new(false));
+        let (d, s, hh) = (done.clone(), self.clone(), h.clone());
+        self.commit(h, flags, always, move |r| {
+            s.release_lock_owner(&hh, owner, move || {
+                match r {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                }
+                d.store(true, Ordering::Release);
+            })
+        });
+        self.help(&done);
     }
 }

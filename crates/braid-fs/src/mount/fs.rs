@@ -399,6 +399,12 @@ impl Filesystem for BraidFs {
                 flags: f as u32,
             },
             move |r| match r {
+                // Reached through a name another client has removed since the kernel cached
+                // it: ESTALE makes the kernel look the name up again (LOOKUP_REVAL).
+                Ok(Reply::Opened(o)) if o.attr.nlink == 0 => {
+                    s.client.call_async(&Request::Release { fh: o.fh }, |_| {});
+                    reply.error(fuser::Errno::ESTALE)
+                }
                 Ok(Reply::Opened(o)) => {
                     s.known.learn(epoch, node.id, &o.attr);
                     let state = s.client.inner.file_state(node);
@@ -552,19 +558,7 @@ impl Filesystem for BraidFs {
         let Some(h) = self.shared.handle(fh) else {
             return reply.ok();
         };
-        self.shared.release_lock_owner(&h, owner.0);
-        let always = self.shared.sync_on_close;
-        let flags = if always { COMMIT_SYNC } else { 0 };
-        let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
-        self.shared.commit(h, flags, always, move |r| {
-            match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-            d.store(true, Ordering::Release);
-        });
-        self.shared.help(&done);
+        self.shared.close(h, owner.0, reply);
     }
 
     fn release(
