@@ -34,6 +34,13 @@ pub(crate) struct MountLocks {
     waiting: AtomicUsize,
 }
 
+impl MountLocks {
+    /// The kernel forgot `node`: no descriptor of it is open, so it holds no lock here.
+    pub(crate) fn forget(&self, node: u64) {
+        self.locked.lock().remove(&node);
+    }
+}
+
 /// A lock range for the server, from what the kernel hands over.
 pub(crate) struct KernelLock {
     pub(crate) owner: u64,

@@ -131,6 +131,7 @@ impl Filesystem for BraidFs {
         if ino != INodeNo::ROOT {
             self.shared.known.drop_node(ino.0);
             self.shared.views.drop_dir(ino.0);
+            self.shared.locks.forget(ino.0);
             let node = self.shared.node(ino);
             self.shared.client.call_async(
                 &Request::Forget {
