@@ -143,3 +143,69 @@ fn locks_between_two_clients() {
     let ro = cb.open_path("f", libc::O_RDONLY).unwrap();
     ro.set_lock(3, range(LockKind::Write, 50, 50)).unwrap();
 }
+
+const CHILD_RAILS: &str = "BRAID_FS_TEST_LOCK_HOLDER_RAILS";
+
+/// Not a test by itself: the lock holder `a_killed_clients_locks_are_released` runs in a
+/// process of its own (this test binary again) and kills.
+#[test]
+#[ignore]
+fn lock_holder_child() {
+    let Ok(rails) = std::env::var(CHILD_RAILS) else {
+        return;
+    };
+    let rails: Vec<RailAddr> = vec![rails.parse().unwrap()];
+    let c = client(&rails);
+    let f = c.open_path("f", libc::O_RDWR).unwrap();
+    f.set_lock(1, range(LockKind::Write, 0, i64::MAX as u64))
+        .unwrap();
+    println!("locked");
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    // Killed long before this ends.
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+/// `kill -9` of a client process holding a lock: the server sees its connection end and
+/// grants the lock to a waiting client.
+#[test]
+fn a_killed_clients_locks_are_released() {
+    use std::io::BufRead;
+    let (dir, server, _) = server();
+    std::fs::write(dir.path().join("f"), b"x").unwrap();
+    let addr = server.local_addrs()[0];
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["lock_holder_child", "--exact", "--ignored", "--nocapture"])
+        .env(CHILD_RAILS, format!("{}={addr}", addr.ip()))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let locked = lines.any(|l| l.is_ok_and(|l| l.trim() == "locked"));
+    let kill = |child: &mut std::process::Child| {
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+    };
+    if !locked {
+        kill(&mut child);
+        panic!("the child did not take its lock");
+    }
+    let rails: Vec<RailAddr> = vec![format!("{}={addr}", addr.ip()).parse().unwrap()];
+    let c = client(&rails);
+    let f = c.open_path("f", libc::O_RDWR).unwrap();
+    let all = range(LockKind::Write, 0, 0);
+    assert_eq!(errno(f.set_lock(1, all)), Some(Errno::EAGAIN));
+    let (tx, rx) = channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tx.send(f.set_lock_wait(1, all).map_err(|e| e.errno()))
+                .unwrap()
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        let killed = std::time::Instant::now();
+        kill(&mut child);
+        let r = rx.recv_timeout(Duration::from_secs(10));
+        eprintln!("granted {:?} after the kill", killed.elapsed());
+        assert_eq!(r, Ok(Ok(())));
+    });
+}
