@@ -263,6 +263,9 @@ impl World {
         let candidates = root_candidates(&env.root)?;
         let (local, overridden) = match &env.rails {
             Some(specs) => (addrs::resolve_rail_specs(specs)?, true),
+            // Without a secret (or consent to go without) the listener stays on loopback:
+            // ranks of one host still meet there, ranks of other hosts are told why not.
+            None if !ctx.may_listen_beyond_loopback() => (vec![], false),
             None => (addrs::interface_addrs(false)?, false),
         };
         let mut bind: Vec<SocketAddr> = local
@@ -301,8 +304,16 @@ impl World {
             rails_override: overridden,
         };
         let server = if env.rank == 0 {
+            let bind = root_bind(&candidates);
+            braid::policy::check_listen(
+                "the rendezvous (rank 0)",
+                &[bind],
+                env.secret.is_some(),
+                env.insecure,
+            )
+            .map_err(|e| BootError::BadEnv(e.to_string()))?;
             Some(RootServer::start(
-                root_bind(&candidates),
+                bind,
                 &env.job,
                 env.size,
                 env.secret.clone(),
@@ -434,9 +445,17 @@ impl World {
                 source,
             };
             if rails.is_empty() {
-                return Err(self.cause_of(err(braid::Error::InvalidArgument(
-                    "no rail between the two ranks".into(),
-                ))));
+                let why = if ctx.may_listen_beyond_loopback() {
+                    "no rail between the two ranks".to_string()
+                } else {
+                    format!(
+                        "no rail between the two ranks: they run on different hosts, and \
+                         without a cluster secret braid listens on loopback only; to \
+                         authenticate, {}",
+                        braid::policy::MAKE_SECRET_HINT
+                    )
+                };
+                return Err(self.cause_of(err(braid::Error::InvalidArgument(why))));
             }
             let mut o = opts.endpoint.clone();
             o.connect_timeout = o

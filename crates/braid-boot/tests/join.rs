@@ -26,6 +26,7 @@ fn env(rank: usize, size: usize, port: u16, job: &str, timeout_s: f64) -> Launch
         rails: None,
         secret: None,
         join_timeout: Some(Duration::from_secs_f64(timeout_s)),
+        insecure: false,
     }
 }
 
@@ -475,4 +476,23 @@ fn an_aborting_rank_tells_everyone_why() {
     for h in [r0, r1, r2] {
         h.join().unwrap().unwrap();
     }
+}
+
+#[test]
+fn without_a_secret_the_rendezvous_stays_on_loopback() {
+    let mut e = env(0, 2, free_port(), "open", 5.0);
+    // Not one of this host's addresses: the refusal comes before any bind.
+    e.root = format!("198.18.255.254:{}", free_port());
+    let ctx = Context::new().unwrap();
+    let cq = ctx.create_cq(8);
+    let Err(err) = World::join(&ctx, &e, &WorldOptions::new(&cq)) else {
+        panic!("the rendezvous listened beyond loopback without a secret");
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("without a cluster secret")
+            && err.contains("BRAID_SECRET_FILE")
+            && err.contains("BRAID_INSECURE"),
+        "{err}"
+    );
 }

@@ -4,6 +4,7 @@
 
 mod handshake;
 mod listener;
+pub mod policy;
 mod raw_rail;
 mod redial;
 mod same_host;
@@ -67,6 +68,11 @@ pub struct ContextConfig {
     /// the least CPU when rails are slow or a thread polls its queue itself (its reads
     /// take the place of the engine's). See docs/ARCHITECTURE.md, "Progress engine".
     pub engine_threads: usize,
+    /// Listen on non-loopback addresses without a secret (unauthenticated peers accepted).
+    /// Off by default: without a secret, [`Context::listen`] then refuses any address that
+    /// is not a loopback one, with an error that says how to make a secret. Set from
+    /// `BRAID_INSECURE=1` by [`ContextConfig::from_env`]; a warning is printed once.
+    pub insecure: bool,
 }
 
 impl std::fmt::Debug for ContextConfig {
@@ -75,6 +81,7 @@ impl std::fmt::Debug for ContextConfig {
             .field("secret", &self.secret.as_ref().map(|_| "<set>"))
             .field("max_registered_bytes", &self.max_registered_bytes)
             .field("engine_threads", &self.engine_threads)
+            .field("insecure", &self.insecure)
             .finish()
     }
 }
@@ -82,7 +89,8 @@ impl std::fmt::Debug for ContextConfig {
 impl ContextConfig {
     /// Defaults, with the secret taken from `BRAID_SECRET`, or from the file named by
     /// `BRAID_SECRET_FILE` (trailing newline removed), if either is set, and the engine
-    /// threads from `BRAID_ENGINE_THREADS` (1 if unset).
+    /// threads from `BRAID_ENGINE_THREADS` (1 if unset), and [`ContextConfig::insecure`]
+    /// from `BRAID_INSECURE`.
     pub fn from_env() -> Result<ContextConfig, Error> {
         let secret = if let Some(s) = std::env::var_os(SECRET_ENV) {
             Some(s.into_encoded_bytes())
@@ -114,6 +122,7 @@ impl ContextConfig {
             secret,
             max_registered_bytes: None,
             engine_threads,
+            insecure: policy::insecure_from_env(),
         })
     }
 }
@@ -144,6 +153,8 @@ struct ContextInner {
     /// Progress threads (see [`ContextConfig::engine_threads`]).
     engine_threads: usize,
     secret: Option<Arc<[u8]>>,
+    /// [`ContextConfig::insecure`].
+    insecure: bool,
     /// Endpoints accepted here, by their session id: where re-joining rails go.
     live: Mutex<HashMap<u64, Weak<EndpointShared>>>,
 }
@@ -185,6 +196,7 @@ impl Context {
                 engine: Arc::new(engine),
                 engine_threads: cfg.engine_threads.max(1),
                 secret: cfg.secret.map(Arc::from),
+                insecure: cfg.insecure,
                 live: Mutex::new(HashMap::new()),
             }),
         })
@@ -283,13 +295,33 @@ impl Context {
         CompletionQueue::new(capacity)
     }
 
+    /// Whether this context has a cluster secret (its rails authenticate).
+    pub fn has_secret(&self) -> bool {
+        self.inner.secret.is_some()
+    }
+
+    /// Whether [`Context::listen`] accepts addresses other than loopback ones: the context
+    /// has a secret, or was configured [`ContextConfig::insecure`].
+    pub fn may_listen_beyond_loopback(&self) -> bool {
+        self.inner.secret.is_some() || self.inner.insecure
+    }
+
     /// Listens for endpoints on each of `addrs` (one address per rail; port 0 picks one).
+    ///
+    /// Without a cluster secret, only loopback addresses are allowed unless
+    /// [`ContextConfig::insecure`] (see [`policy::check_listen`]).
     pub fn listen(&self, addrs: &[SocketAddr]) -> Result<Listener, Error> {
         if addrs.is_empty() {
             return Err(Error::InvalidArgument(
                 "listen needs at least one address".into(),
             ));
         }
+        policy::check_listen(
+            "the braid listener",
+            addrs,
+            self.inner.secret.is_some(),
+            self.inner.insecure,
+        )?;
         let mut sockets = Vec::new();
         for a in addrs {
             let s = Socket::new(Domain::for_address(*a), Type::STREAM, None)?;

@@ -47,9 +47,10 @@ pub use braid_proto::{
     Access, Completion, CompletionKind, Error, Region, RegionOptions, RemoteKey, RemoteSge,
     SessionConfig, Sge, Status,
 };
+pub use context::policy::INSECURE_ENV;
 pub use context::{
     Context, ContextConfig, ENGINE_THREADS_ENV, Listener, MAX_ENGINE_THREADS, SECRET_ENV,
-    SECRET_FILE_ENV,
+    SECRET_FILE_ENV, policy,
 };
 pub use cq::{ArmedQueue, CompletionQueue, NextCompletion};
 pub use endpoint::{

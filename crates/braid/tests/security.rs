@@ -290,3 +290,24 @@ fn completion_queue_capacity_refuses_posts_instead_of_losing_completions() {
         assert_eq!(c.wr_id, i);
     }
 }
+
+#[test]
+fn without_a_secret_only_loopback_listens_unless_insecure() {
+    let wildcard: SocketAddr = "0.0.0.0:0".parse().unwrap();
+    let e = ctx(None).listen(&[wildcard]).unwrap_err().to_string();
+    assert!(
+        e.contains("without a cluster secret")
+            && e.contains("BRAID_SECRET_FILE")
+            && e.contains("BRAID_INSECURE=1"),
+        "{e}"
+    );
+    // Loopback stays zero-config; a secret or explicit consent opens other addresses.
+    ctx(None).listen(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    ctx(Some("s3cret")).listen(&[wildcard]).unwrap();
+    let insecure = Context::with_config(ContextConfig {
+        insecure: true,
+        ..ContextConfig::default()
+    })
+    .unwrap();
+    insecure.listen(&[wildcard]).unwrap();
+}
