@@ -33,7 +33,7 @@ use braid_proto::Session;
 use braid_proto::error::Error;
 use braid_proto::mem::registry::random_u64;
 use braid_proto::mem::{Access, Region, RegionOptions, Registry};
-use braid_proto::wire::handshake::{MAX_RAILS, caps};
+use braid_proto::wire::handshake::{MAC_LEN, MAX_RAILS, caps};
 
 static NEXT_ENDPOINT: AtomicU64 = AtomicU64::new(1);
 
@@ -147,6 +147,9 @@ pub(crate) struct RailLink {
     pub(crate) addrs: (SocketAddr, SocketAddr),
 }
 
+/// An endpoint accepted here, by which a rail re-joins: the endpoint and its join token.
+type LiveSession = (Weak<EndpointShared>, [u8; MAC_LEN]);
+
 struct ContextInner {
     registry: Arc<Registry>,
     engine: Arc<Engine>,
@@ -155,8 +158,9 @@ struct ContextInner {
     secret: Option<Arc<[u8]>>,
     /// [`ContextConfig::insecure`].
     insecure: bool,
-    /// Endpoints accepted here, by their session id: where re-joining rails go.
-    live: Mutex<HashMap<u64, Weak<EndpointShared>>>,
+    /// Endpoints accepted here, by their session id: where re-joining rails go, with the
+    /// join token a re-join must prove when there is no secret.
+    live: Mutex<HashMap<u64, LiveSession>>,
 }
 
 /// braid's per-process state: the registry of regions and the progress engine thread that
@@ -349,8 +353,9 @@ impl Context {
         let netns = NetNs::current();
         let mut links = Vec::new();
         let mut crc = opts.session.payload_crc;
+        let mut join_token = [0; MAC_LEN];
         for (i, r) in rails.iter().enumerate() {
-            let (link, peer_caps) = connect_rail(
+            let (link, peer_caps, token) = connect_rail(
                 r,
                 i as u16,
                 rails.len() as u16,
@@ -358,8 +363,11 @@ impl Context {
                 opts,
                 self.inner.secret.as_deref(),
                 false,
+                None,
             )?;
             crc = peer_caps & caps::PAYLOAD_CRC32C != 0;
+            // One token per session: every rail's reply carries the same.
+            join_token = token;
             links.push(link);
         }
         let redial = Redial {
@@ -367,6 +375,7 @@ impl Context {
             session_id,
             opts: opts.clone(),
             secret: self.inner.secret.clone(),
+            join_token,
             engine: self.inner.engine.kicker(),
             busy: Mutex::new(0),
             netns,

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -83,6 +83,24 @@ fn write_handshake(stream: &mut TcpStream, msg: &[u8], deadline: Instant) -> Res
 struct PendingSession {
     rails: Vec<Option<RailLink>>,
     since: Instant,
+    /// Handed to the connecting side (without a secret); a re-join must prove it.
+    join_token: [u8; MAC_LEN],
+}
+
+/// A session whose rails have all arrived.
+struct ReadySession {
+    rails: Vec<RailLink>,
+    crc: bool,
+    session_id: u64,
+    join_token: [u8; MAC_LEN],
+}
+
+/// A fresh random join token.
+fn join_token() -> [u8; MAC_LEN] {
+    let mut t = [0u8; MAC_LEN];
+    t[..NONCE_LEN].copy_from_slice(&nonce());
+    t[NONCE_LEN..].copy_from_slice(&nonce());
+    t
 }
 
 /// Accepts endpoints whose rails connect to its addresses. Rails of one endpoint are joined
@@ -105,8 +123,8 @@ struct ListenerShared {
     ctx: Context,
     sockets: Vec<TcpListener>,
     pending: Mutex<HashMap<u64, PendingSession>>,
-    /// Sessions whose rails have all arrived: (rails, payload CRC, session id).
-    ready: Mutex<std::collections::VecDeque<(Vec<RailLink>, bool, u64)>>,
+    /// Sessions whose rails have all arrived.
+    ready: Mutex<std::collections::VecDeque<ReadySession>>,
     ready_cv: parking_lot::Condvar,
     /// The acceptor asks for payload CRCs (set from the options of `accept`).
     want_crc: AtomicBool,
@@ -211,12 +229,12 @@ impl Listener {
             if sh.closed.load(Ordering::Acquire) {
                 return Err(Error::InvalidArgument("listener closed".into()));
             }
-            if let Some((streams, crc, session_id)) = ready.pop_front() {
+            if let Some(r) = ready.pop_front() {
                 drop(ready);
-                let ep = sh.ctx.start_endpoint(streams, opts, crc, None)?;
+                let ep = sh.ctx.start_endpoint(r.rails, opts, r.crc, None)?;
                 let mut live = sh.ctx.inner.live.lock();
-                live.retain(|_, w| w.strong_count() > 0);
-                live.insert(session_id, Arc::downgrade(&ep.shared));
+                live.retain(|_, (w, _)| w.strong_count() > 0);
+                live.insert(r.session_id, (Arc::downgrade(&ep.shared), r.join_token));
                 return Ok(ep);
             }
             if sh.ready_cv.wait_until(&mut ready, deadline).timed_out() && ready.is_empty() {
@@ -370,7 +388,7 @@ impl ListenerShared {
         from: SocketAddr,
         id: u64,
         deadline: Instant,
-    ) -> Result<Option<(Vec<RailLink>, bool, u64)>, Error> {
+    ) -> Result<Option<ReadySession>, Error> {
         stream.set_nonblocking(false)?;
         let mut buf = [0u8; HANDSHAKE_LEN];
         read_handshake(&mut stream, &mut buf, deadline)?;
@@ -412,9 +430,39 @@ impl ListenerShared {
                 status,
             });
         }
-        if let Some(secret) = self.ctx.inner.secret.as_deref() {
-            // Challenge: the connecting side must prove the secret over our fresh nonce
-            // before it gets anywhere near an endpoint.
+        let rejoin = hello.capabilities & caps::REJOIN != 0;
+        // A re-join names an endpoint accepted here; without a secret it proves that
+        // session's join token instead. Nothing is told about sessions that do not exist.
+        let target = if rejoin {
+            let found = self
+                .ctx
+                .inner
+                .live
+                .lock()
+                .get(&hello.session_id)
+                .and_then(|(w, t)| Some((w.upgrade()?, *t)))
+                .filter(|(e, _)| (hello.rail_index as usize) < e.rails.len());
+            let Some(found) = found else {
+                let status = refuse(stream, reply, HandshakeStatus::Refused);
+                return Err(Error::Refused {
+                    peer: from,
+                    rail: hello.rail_index,
+                    status,
+                });
+            };
+            Some(found)
+        } else {
+            None
+        };
+        let key: Option<&[u8]> = match (self.ctx.inner.secret.as_deref(), &target) {
+            (Some(s), _) => Some(s),
+            (None, Some((_, token))) => Some(token),
+            (None, None) => None,
+        };
+        if let Some(secret) = key {
+            // Challenge: the connecting side must prove the key over our fresh nonce
+            // before it gets anywhere near an endpoint (a re-join: before it replaces a
+            // rail).
             let n = nonce();
             let mut challenge = reply;
             challenge.status = HandshakeStatus::AuthRequired;
@@ -440,6 +488,9 @@ impl ListenerShared {
                 other => {
                     refuse(stream, reply, HandshakeStatus::AuthFailed);
                     let reason = match other {
+                        Ok(_) if rejoin && self.ctx.inner.secret.is_none() => {
+                            "a re-join with a wrong proof of the session's join token".to_string()
+                        }
                         Ok(_) => "wrong proof: the cluster secrets differ".to_string(),
                         Err(e) => format!("no valid proof: {e}"),
                     };
@@ -494,23 +545,8 @@ impl ListenerShared {
             };
             Ok(RailLink { link, addrs })
         };
-        if hello.capabilities & caps::REJOIN != 0 {
-            // A failed rail of an endpoint accepted earlier comes back.
-            let ep = self
-                .ctx
-                .inner
-                .live
-                .lock()
-                .get(&hello.session_id)
-                .and_then(Weak::upgrade);
-            let Some(ep) = ep.filter(|e| (hello.rail_index as usize) < e.rails.len()) else {
-                let status = refuse(stream, reply, HandshakeStatus::Refused);
-                return Err(Error::Refused {
-                    peer: from,
-                    rail: hello.rail_index,
-                    status,
-                });
-            };
+        if let Some((ep, _)) = target {
+            // A failed rail of an endpoint accepted earlier comes back, proven.
             reply.capabilities = (reply.capabilities & (caps::SAME_HOST | caps::RAW))
                 | if ep.session.lock().config().payload_crc {
                     caps::PAYLOAD_CRC32C
@@ -535,6 +571,7 @@ impl ListenerShared {
             .or_insert_with(|| PendingSession {
                 rails: (0..hello.rail_count).map(|_| None).collect(),
                 since: Instant::now(),
+                join_token: join_token(),
             });
         let idx = hello.rail_index as usize;
         if p.rails.len() != hello.rail_count as usize || p.rails[idx].is_some() {
@@ -547,6 +584,10 @@ impl ListenerShared {
             });
         }
         reply.status = HandshakeStatus::Accepted;
+        if self.ctx.inner.secret.is_none() {
+            // Without a secret the reply's proof field carries the session's join token.
+            reply.auth = p.join_token;
+        }
         self.commit(id, from)?;
         write_handshake(&mut stream, &reply.encode(), deadline)?;
         // Not under the table's lock: taking a ring waits for the peer.
@@ -564,14 +605,16 @@ impl ListenerShared {
         p.rails[idx] = Some(rail);
         if p.rails.iter().all(Option::is_some) {
             let p = pending.remove(&hello.session_id).expect("present");
-            return Ok(Some((
-                p.rails
+            return Ok(Some(ReadySession {
+                rails: p
+                    .rails
                     .into_iter()
                     .map(|s| s.expect("all present"))
                     .collect(),
                 crc,
-                hello.session_id,
-            )));
+                session_id: hello.session_id,
+                join_token: p.join_token,
+            }));
         }
         Ok(None)
     }
