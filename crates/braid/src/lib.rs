@@ -40,6 +40,7 @@ mod cq;
 mod endpoint;
 mod engine;
 mod netns;
+pub mod throttle;
 
 pub use braid_proto::wire::handshake::MAX_RAILS;
 pub use braid_proto::wire::sgl::MAX_REMOTE_SGE;
