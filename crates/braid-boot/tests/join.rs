@@ -661,3 +661,42 @@ fn without_a_secret_the_rendezvous_stays_on_loopback() {
         "{err}"
     );
 }
+
+#[test]
+fn a_formed_rank_takes_no_strangers_endpoint_and_keeps_going() {
+    let port = free_port();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let r0 = spawn_rank(env(0, 2, port, "stray", 20.0), move |_, w| {
+        go_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        w.barrier().unwrap();
+        w.finalize().unwrap();
+    });
+    let r1 = spawn_rank(env(1, 2, port, "stray", 20.0), move |_, w| {
+        // Rank 1 dialled rank 0's listener: that is where a stranger would connect.
+        addr_tx
+            .send(w.endpoint(0).unwrap().rail_addrs()[0].1)
+            .unwrap();
+        w.barrier().unwrap();
+        w.finalize().unwrap();
+    });
+    let listener_addr = addr_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let stranger = Context::new().unwrap();
+    let cq = stranger.create_cq(4);
+    let mut o = braid::EndpointOptions::new(&cq);
+    o.connect_timeout = Duration::from_secs(5);
+    let got = stranger.connect(
+        &[braid::RailAddr {
+            local: None,
+            remote: listener_addr,
+        }],
+        &o,
+    );
+    assert!(
+        got.is_err(),
+        "a formed rank took a stranger's endpoint (it would hold it for ever)"
+    );
+    go_tx.send(()).unwrap();
+    r0.join().unwrap().unwrap();
+    r1.join().unwrap().unwrap();
+}

@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use braid::{Context, EndpointOptions, Listener, RailAddr};
+use braid_proto::wire::HandshakeStatus;
+use braid_proto::wire::handshake::{HANDSHAKE_LEN, HANDSHAKE_VERSION, Hello, HelloReply};
 
 /// One endpoint of one rail through `listener`: connect and accept, each bounded. The time
 /// from the first byte of the connect to the accepted endpoint.
@@ -121,4 +123,71 @@ fn half_open_handshakes_are_bounded() {
         newest.read(&mut b).unwrap_err().kind(),
         std::io::ErrorKind::WouldBlock
     );
+}
+
+/// Sends a first-join hello for rail 0 of a two-rail session; returns the connection and
+/// the reply's status.
+fn half_session(to: SocketAddr, session_id: u64) -> (TcpStream, HandshakeStatus) {
+    let hello = Hello {
+        version: HANDSHAKE_VERSION,
+        rail_index: 0,
+        rail_count: 2,
+        capabilities: 0,
+        max_chunk: 1 << 16,
+        session_id,
+        nonce: [3; 16],
+        same_host: None,
+    };
+    let mut s = TcpStream::connect(to).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&hello.encode()).unwrap();
+    let mut b = [0u8; HANDSHAKE_LEN];
+    s.read_exact(&mut b).unwrap();
+    (s, HelloReply::decode(&b).unwrap().status)
+}
+
+#[test]
+fn sessions_that_never_complete_hold_a_bounded_number_of_descriptors() {
+    let ctx = Context::new().unwrap();
+    let listener = ctx.listen(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    let to = listener.local_addrs()[0];
+    let bound = listener.max_waiting_rails();
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    assert!(
+        bound <= lim.rlim_cur as usize / 4,
+        "{bound} waiting rails for a limit of {}",
+        lim.rlim_cur
+    );
+    // Both ends of every connection are in this process: 2 descriptors each.
+    let held: Vec<TcpStream> = (0..bound as u64)
+        .map(|i| {
+            let (s, status) = half_session(to, 1000 + i);
+            assert_eq!(status, HandshakeStatus::Accepted, "session {i}");
+            s
+        })
+        .collect();
+    // One more: the oldest incomplete session makes room (its rail is closed)...
+    let (_s, status) = half_session(to, 1);
+    assert_eq!(status, HandshakeStatus::Accepted);
+    let mut oldest = &held[0];
+    let mut b = [0u8; 64];
+    assert_eq!(
+        oldest.read(&mut b).unwrap(),
+        0,
+        "the oldest stranger's rail is closed"
+    );
+    // ...and a real peer gets in while the strangers still hold theirs.
+    let cq = ctx.create_cq(8);
+    let o = EndpointOptions::new(&cq);
+    let (ctx2, o2) = (ctx.clone(), o.clone());
+    let c = std::thread::spawn(move || ctx2.connect(&[RailAddr::new(None, to)], &o2));
+    let ep = listener.accept(&o, Duration::from_secs(10)).unwrap();
+    c.join().unwrap().unwrap();
+    ep.close();
+    drop(held);
 }
