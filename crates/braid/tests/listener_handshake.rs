@@ -191,3 +191,68 @@ fn sessions_that_never_complete_hold_a_bounded_number_of_descriptors() {
     ep.close();
     drop(held);
 }
+
+/// Marks the child process of [`out_of_descriptors_the_accept_loop_does_not_spin`].
+const EMFILE_CHILD: &str = "BRAID_TEST_EMFILE_CHILD";
+
+/// CPU time (user + system) this process has used.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes one rusage.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) }, 0);
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Run as a child process only: a listener with a connection waiting in its backlog and no
+/// descriptor left to accept it; prints the CPU time used in the next second.
+#[test]
+#[ignore = "a child process of out_of_descriptors_the_accept_loop_does_not_spin"]
+fn emfile_child() {
+    if std::env::var_os(EMFILE_CHILD).is_none() {
+        return;
+    }
+    let ctx = Context::new().unwrap();
+    let listener = ctx.listen(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    let lim = libc::rlimit {
+        rlim_cur: 256,
+        rlim_max: 256,
+    };
+    // SAFETY: setrlimit reads one rlimit; this process is ours alone.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    let mut files = Vec::new();
+    // The kernel completes the connection; accepting it needs a descriptor.
+    let _client = TcpStream::connect(listener.local_addrs()[0]).unwrap();
+    while let Ok(f) = std::fs::File::open("/dev/null") {
+        files.push(f);
+    }
+    let before = cpu_time();
+    // Measuring a second of idle, not synchronisation.
+    std::thread::sleep(Duration::from_secs(1));
+    println!("cpu-ms {}", (cpu_time() - before).as_millis());
+    drop(files);
+}
+
+#[test]
+fn out_of_descriptors_the_accept_loop_does_not_spin() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "emfile_child", "--ignored", "--nocapture"])
+        .env(EMFILE_CHILD, "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ms: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu-ms "))
+        .unwrap_or_else(|| {
+            panic!(
+                "no measurement:\n{text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+        .trim()
+        .parse()
+        .unwrap();
+    // A spinning loop burns the whole second; one that backs off, a few milliseconds.
+    assert!(ms < 200, "the accept loop used {ms} ms of CPU in 1 s");
+}
