@@ -343,6 +343,11 @@ fn fake_info() -> RankInfo {
 
 /// Joins as `rank` with raw protocol messages and returns the open connection.
 fn raw_join(port: u16, job: &str, rank: u32, size: u32) -> TcpStream {
+    raw_join_as(port, job, rank, size, fake_info())
+}
+
+/// [`raw_join`] with the rank's published information.
+fn raw_join_as(port: u16, job: &str, rank: u32, size: u32, info: RankInfo) -> TcpStream {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut s = loop {
         match TcpStream::connect(("127.0.0.1", port)) {
@@ -364,7 +369,7 @@ fn raw_join(port: u16, job: &str, rank: u32, size: u32) -> TcpStream {
         job: job.into(),
         rank,
         size,
-        info: fake_info(),
+        info,
     };
     s.write_all(&join.encode()).unwrap();
     let f = wire::read_frame(&mut s, 1 << 20).unwrap();
@@ -699,4 +704,78 @@ fn a_formed_rank_takes_no_strangers_endpoint_and_keeps_going() {
     go_tx.send(()).unwrap();
     r0.join().unwrap().unwrap();
     r1.join().unwrap().unwrap();
+}
+
+/// The mesh report of an allgather during `World::join`: (peer dialled, local address).
+fn dialled_report(peer: u32, from: std::net::SocketAddr) -> Vec<u8> {
+    let mut v = peer.to_be_bytes().to_vec();
+    let ip = match from.ip() {
+        std::net::IpAddr::V4(x) => x.to_ipv6_mapped(),
+        std::net::IpAddr::V6(x) => x,
+    };
+    v.extend_from_slice(&ip.octets());
+    v.extend_from_slice(&from.port().to_be_bytes());
+    v
+}
+
+/// Sends a collective contribution and waits for its result.
+fn raw_collective(s: &mut TcpStream, seq: u64, kind: u8, data: Vec<u8>) {
+    s.write_all(&ClientMsg::Collective { seq, kind, data }.encode())
+        .unwrap();
+    let f = wire::read_frame(s, 1 << 20).unwrap();
+    let m = ServerMsg::decode(&f, 8).unwrap();
+    assert!(
+        matches!(m, ServerMsg::Done { seq: s2, .. } if s2 == seq),
+        "{m:?}"
+    );
+}
+
+#[test]
+fn a_stray_endpoint_during_the_join_is_dropped_and_the_job_goes_on() {
+    let port = free_port();
+    let r0 = spawn_rank(env(0, 2, port, "strays", 20.0), |_, w| {
+        // The endpoint to rank 1 is the one rank 1 reported, not the stranger's.
+        let from = w.endpoint(1).unwrap().rail_addrs()[0].1;
+        w.barrier().unwrap();
+        from
+    });
+    // This test plays rank 1 by hand, to know rank 0's listener before the mesh forms.
+    // Same host as rank 0: the table gives the pair one loopback rail, dialled by rank 1.
+    let info = RankInfo {
+        host_key: braid_boot::addrs::host_key(),
+        loopback_port: 1,
+        ..fake_info()
+    };
+    let mut link = raw_join_as(port, "strays", 1, 2, info);
+    let f = wire::read_frame(&mut link, 1 << 20).unwrap();
+    let ServerMsg::Table(table) = ServerMsg::decode(&f, 8).unwrap() else {
+        panic!("no table");
+    };
+    let rank0: std::net::SocketAddr = ([127, 0, 0, 1], table[0].info.loopback_port).into();
+    let dial = |ctx: &Context| {
+        let cq = ctx.create_cq(8);
+        let mut o = braid::EndpointOptions::new(&cq);
+        o.connect_timeout = Duration::from_secs(5);
+        ctx.connect(
+            &[braid::RailAddr {
+                local: None,
+                remote: rank0,
+            }],
+            &o,
+        )
+        .unwrap()
+    };
+    // A stranger's endpoint arrives first and takes rank 1's place in the accept...
+    let stranger = Context::new().unwrap();
+    let _stray = dial(&stranger);
+    // ...then rank 1's own, which it reports in the allgather as ranks do.
+    let me = Context::new().unwrap();
+    let ep = dial(&me);
+    let from = ep.rail_addrs()[0].0;
+    raw_collective(&mut link, 0, 1, dialled_report(0, from));
+    raw_collective(&mut link, 1, 0, vec![]);
+    // Rank 0's barrier after the join.
+    raw_collective(&mut link, 2, 0, vec![]);
+    link.write_all(&ClientMsg::Bye.encode()).unwrap();
+    assert_eq!(r0.join().unwrap().unwrap(), from);
 }

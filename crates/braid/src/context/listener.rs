@@ -546,27 +546,30 @@ impl ListenerShared {
         let rejoin = hello.capabilities & caps::REJOIN != 0;
         // A re-join names an endpoint accepted here; without a secret it proves that
         // session's join token instead. Nothing is told about sessions that do not exist.
-        let target = if rejoin {
-            let found = self
-                .ctx
-                .inner
-                .live
-                .lock()
-                .get(&hello.session_id)
-                .and_then(|(w, t)| Some((w.upgrade()?, *t)))
-                .filter(|(e, _)| (hello.rail_index as usize) < e.rails.len());
-            let Some(found) = found else {
-                let status = refuse(stream, reply, HandshakeStatus::Refused);
-                return Err(Error::Refused {
-                    peer: from,
-                    rail: hello.rail_index,
-                    status,
-                });
-            };
-            Some(found)
-        } else {
-            None
+        let target = rejoin
+            .then(|| {
+                self.ctx
+                    .inner
+                    .live
+                    .lock()
+                    .get(&hello.session_id)
+                    .and_then(|(w, t)| Some((w.upgrade()?, *t)))
+                    .filter(|(e, _)| (hello.rail_index as usize) < e.rails.len())
+            })
+            .flatten();
+        // With a secret, a stranger learns only after proving it that there is no such
+        // session; without one there is no key to prove.
+        let no_session = |stream, reply| {
+            let status = refuse(stream, reply, HandshakeStatus::Refused);
+            Err(Error::Refused {
+                peer: from,
+                rail: hello.rail_index,
+                status,
+            })
         };
+        if rejoin && target.is_none() && self.ctx.inner.secret.is_none() {
+            return no_session(stream, reply);
+        }
         let key: Option<&[u8]> = match (self.ctx.inner.secret.as_deref(), &target) {
             (Some(s), _) => Some(s),
             (None, Some((_, token))) => Some(token),
@@ -658,7 +661,10 @@ impl ListenerShared {
             };
             Ok(RailLink { link, addrs })
         };
-        if let Some((ep, _)) = target {
+        if rejoin {
+            let Some((ep, _)) = target else {
+                return no_session(stream, reply);
+            };
             // A failed rail of an endpoint accepted earlier comes back, proven.
             reply.capabilities = (reply.capabilities & (caps::SAME_HOST | caps::RAW))
                 | if ep.session.lock().config().payload_crc {
