@@ -40,6 +40,7 @@ const MAX_WAITING_RAILS: usize = 1024;
 
 /// [`MAX_WAITING_RAILS`], or a quarter of the soft descriptor limit if that is lower.
 fn waiting_rails_bound() -> usize {
+    braid_proto::mem::shared::raise_fd_limit();
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
