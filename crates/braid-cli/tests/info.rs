@@ -274,7 +274,7 @@ fn lists_the_four_rails_of_a_testbed_host() {
         .collect();
     assert_eq!(rails, expected, "{}", info["rails"]);
     assert_eq!(rails.len(), 4);
-    // Each rail's interface is listed, up, with its MTU.
+    // Each rail's interface is listed, up, a veth, with its MTU.
     for r in info["rails"]["addresses"].as_array().unwrap() {
         let ifname = r["interface"].as_str().expect("the rail's interface");
         let i = info["interfaces"]
@@ -284,6 +284,7 @@ fn lists_the_four_rails_of_a_testbed_host() {
             .find(|i| i["name"] == ifname)
             .unwrap();
         assert_eq!(i["up"], true, "{i}");
+        assert_eq!(i["driver"], "veth", "{i}");
         assert!(i["mtu"].as_u64().unwrap() >= 1280, "{i}");
     }
     let tcp = &info["transports"][0];

@@ -26,7 +26,7 @@ pub struct Interface {
     pub mtu: Option<u32>,
     /// Link speed in Mbit/s, where the driver reports one (`/sys/class/net/*/speed`).
     pub speed_mbps: Option<u64>,
-    /// The kernel driver of the device, where sysfs names one (virtual devices have none).
+    /// The kernel driver (`ethtool -i`), else the one sysfs names.
     pub driver: Option<String>,
     /// Addresses with prefix length (`198.18.0.1/24`, `fe80::1/64`).
     pub addresses: Vec<String>,
@@ -118,6 +118,51 @@ fn mtu_of(sock: &OwnedFd, name: &str) -> Option<u32> {
     Some(unsafe { req.ifr_ifru.ifru_mtu }.max(0) as u32)
 }
 
+/// `struct ethtool_drvinfo` of `<linux/ethtool.h>` (no crate of the build carries it).
+#[repr(C)]
+struct EthtoolDrvinfo {
+    cmd: u32,
+    driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    n_priv_flags: u32,
+    n_stats: u32,
+    testinfo_len: u32,
+    eedump_len: u32,
+    regdump_len: u32,
+}
+
+/// `ETHTOOL_GDRVINFO` of `<linux/ethtool.h>`.
+const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
+
+/// The interface's driver as `ethtool -i` names it (`veth`, `virtio_net`, `mlx5_core`),
+/// asked of the kernel in the caller's network namespace.
+fn ethtool_driver(sock: &OwnedFd, name: &str) -> Option<String> {
+    if name.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: plain C data; all zeroes is valid for both.
+    let mut info: EthtoolDrvinfo = unsafe { std::mem::zeroed() };
+    info.cmd = ETHTOOL_GDRVINFO;
+    // SAFETY: as above.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = (&mut info as *mut EthtoolDrvinfo).cast();
+    // SAFETY: SIOCETHTOOL with ETHTOOL_GDRVINFO fills the `ethtool_drvinfo` that `req`
+    // points at, which lives until the call returns.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut req) } < 0 {
+        return None;
+    }
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
+    let d = String::from_utf8_lossy(&info.driver[..end]).into_owned();
+    (!d.is_empty()).then_some(d)
+}
+
 /// Speed and driver from sysfs, when the sysfs mounted here shows this namespace's device of
 /// that name (its `ifindex` matches; a process that entered a namespace with `setns` may see
 /// another namespace's sysfs).
@@ -194,7 +239,9 @@ pub fn interfaces() -> io::Result<Vec<Interface>> {
         // SAFETY: a valid C string.
         i.index = unsafe { libc::if_nametoindex(c.as_ptr()) };
         i.mtu = mtu_of(&sock, &i.name);
-        (i.speed_mbps, i.driver) = sysfs_facts(&i.name, i.index);
+        let (speed, driver) = sysfs_facts(&i.name, i.index);
+        i.speed_mbps = speed;
+        i.driver = ethtool_driver(&sock, &i.name).or(driver);
     }
     out.sort_by_key(|i| i.index);
     Ok(out)
