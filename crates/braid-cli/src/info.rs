@@ -63,6 +63,8 @@ pub struct Rails {
     pub source: &'static str,
     /// The addresses, each with the interface that holds it.
     pub addresses: Vec<Rail>,
+    /// Why there are none: the reason `BRAID_RAILS` or the interfaces could not be read.
+    pub refused: Option<String>,
     /// How a pair of ranks picks its rails from these.
     pub rule: &'static str,
 }
@@ -97,22 +99,23 @@ fn var(name: &str) -> Option<String> {
     std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
-/// The rail addresses a rank here offers (`braid_boot`'s own choice).
-fn rails(ifs: &[Interface]) -> Result<Rails, String> {
-    let (source, addrs) = match var(braid_boot::RAILS_ENV) {
-        Some(spec) => {
-            let specs = spec
-                .split(',')
-                .map(|s| s.trim().parse::<braid_boot::RailSpec>())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("{}: {e}", braid_boot::RAILS_ENV))?;
-            let a = braid_boot::addrs::resolve_rail_specs(&specs).map_err(|e| e.to_string())?;
-            ("BRAID_RAILS", a)
-        }
-        None => (
-            "interfaces",
-            braid_boot::addrs::interface_addrs(false).map_err(|e| e.to_string())?,
-        ),
+/// The rail addresses a rank here offers (`braid_boot`'s own choice, `BRAID_RAILS` parsed by
+/// its own parser: a lookup that answers that variable alone).
+fn rails(ifs: &[Interface]) -> Rails {
+    let only_rails = |k: &str| var(k).filter(|_| k == braid_boot::RAILS_ENV);
+    let picked = braid_boot::LaunchEnv::from_vars(only_rails)
+        .map_err(|e| e.to_string())
+        .and_then(|env| match env.rails {
+            Some(specs) => braid_boot::addrs::resolve_rail_specs(&specs)
+                .map(|a| ("BRAID_RAILS", a))
+                .map_err(|e| e.to_string()),
+            None => braid_boot::addrs::interface_addrs(false)
+                .map(|a| ("interfaces", a))
+                .map_err(|e| e.to_string()),
+        });
+    let (source, addrs, refused) = match picked {
+        Ok((source, addrs)) => (source, addrs, None),
+        Err(e) => ("BRAID_RAILS", Vec::new(), Some(e)),
     };
     let addresses = addrs
         .iter()
@@ -124,18 +127,19 @@ fn rails(ifs: &[Interface]) -> Result<Rails, String> {
                 .map(|i| i.name.clone()),
         })
         .collect();
-    Ok(Rails {
+    Rails {
         source,
         addresses,
+        refused,
         rule: "two ranks use one rail per pair of addresses in a common subnet; ranks in one \
                kernel and network namespace use one loopback rail (moved to shared memory)",
-    })
+    }
 }
 
 /// Gathers the report.
 pub fn gather() -> anyhow::Result<Info> {
     let interfaces = probe::interfaces()?;
-    let rails = rails(&interfaces).map_err(|e| anyhow::anyhow!("the rail addresses: {e}"))?;
+    let rails = rails(&interfaces);
     let eff = probe::effective_caps();
     let user_faults_only = braid_dsm::DsmConfig::from_env()
         .map(|c| c.user_faults_only)
@@ -226,6 +230,9 @@ pub fn render(info: &Info) -> String {
             a.address,
             a.interface.as_deref().unwrap_or("(no interface here)")
         );
+    }
+    if let Some(e) = &r.refused {
+        let _ = writeln!(s, "  none: {e}");
     }
     let _ = writeln!(s, "  ({})", r.rule);
     for (title, list) in [

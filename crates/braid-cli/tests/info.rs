@@ -145,6 +145,16 @@ fn settings_show_values_mask_the_secret_and_report_refusals() {
     assert_eq!(info["rails"]["source"], "BRAID_RAILS");
     assert_eq!(info["rails"]["addresses"][0]["address"], "127.0.0.1/8");
     assert_eq!(info["rails"]["addresses"][0]["interface"], "lo");
+    // A rail list braid-boot refuses is reported, not fatal.
+    let info = info_json(braid().env("BRAID_RAILS", "not-an-ip"));
+    let refused = info["rails"]["refused"].as_str().unwrap();
+    assert!(refused.contains("not-an-ip"), "{refused}");
+    assert_eq!(info["rails"]["addresses"], Value::Array(vec![]));
+    let e = setting(&info, "BRAID_RAILS")["effective"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(e.starts_with("refused:"), "{e}");
 }
 
 /// Every `"BRAID_..."` / `"EXS_BRAID_..."` string literal in the library and command sources.
