@@ -11,6 +11,7 @@ use braid::Context;
 use parking_lot::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, SeekFrom, Timespec, Timestamps};
 
+use super::filetype::{ExportPolicy, RegularFd};
 use super::inode::{Inode, InodeTable, dev_from_wire, empty_path, open_beneath, os, resolve_flags};
 use super::jobs::JobThread;
 use super::region::FileRegions;
@@ -27,7 +28,7 @@ const MAX_HANDLES: usize = 1 << 16;
 pub(crate) struct OpenFile {
     inode: Arc<Inode>,
     /// `O_RDWR` for writable handles, else `O_RDONLY`.
-    fd: OwnedFd,
+    fd: RegularFd,
     writable: bool,
 }
 
@@ -65,6 +66,12 @@ impl ClientState {
         Ok(self.next_handle)
     }
 
+    /// Open file handles.
+    #[cfg(test)]
+    pub(crate) fn files_open(&self) -> usize {
+        self.files.len()
+    }
+
     fn file(&self, fh: u64) -> Result<Arc<OpenFile>, Errno> {
         self.files.get(&fh).cloned().ok_or(Errno::EBADF)
     }
@@ -75,6 +82,8 @@ pub(crate) struct Export {
     table: InodeTable,
     ctx: Context,
     read_only: bool,
+    /// Devices and set-user-id bits.
+    policy: ExportPolicy,
     /// Running as root: new objects are given to the calling user.
     as_root: bool,
     /// This process's umask, which the kernel applies on creation.
@@ -142,6 +151,7 @@ impl Export {
             table,
             ctx,
             read_only,
+            policy: ExportPolicy::default(),
             as_root: rustix::process::geteuid().is_root(),
             process_umask: old.as_raw_mode(),
             writeback: Writeback::start(),
@@ -150,6 +160,12 @@ impl Export {
                 "grown ranges are faulted in before MapRegion is answered",
             ),
         })
+    }
+
+    /// The export with `policy` instead of the default (`nodev,nosuid`).
+    pub(crate) fn with_policy(mut self, policy: ExportPolicy) -> Export {
+        self.policy = policy;
+        self
     }
 
     /// The root's entry (sent in the hello reply).
@@ -293,12 +309,13 @@ impl Export {
             } => {
                 let p = self.table.get(parent)?;
                 let dir = p.dir()?;
-                let perm = mode & 0o7777 & !creds.umask;
-                let kind = rustix::fs::FileType::from_raw_mode(mode);
-                if kind == rustix::fs::FileType::Directory || kind == rustix::fs::FileType::Symlink
-                {
-                    return Err(Errno::EINVAL);
-                }
+                let perm = self.policy.squash(mode & !creds.umask, false);
+                // No type bits: a regular file, as mknod(2) makes.
+                let kind = match mode & libc::S_IFMT {
+                    0 => rustix::fs::FileType::RegularFile,
+                    t => rustix::fs::FileType::from_raw_mode(t),
+                };
+                self.policy.check_mknod(kind)?;
                 rustix::fs::mknodat(
                     dir,
                     os(&name)?,
@@ -327,7 +344,7 @@ impl Export {
             } => {
                 let p = self.table.get(parent)?;
                 let dir = p.dir()?;
-                let perm = mode & 0o7777 & !creds.umask;
+                let perm = self.policy.squash(mode & !creds.umask, true);
                 rustix::fs::mkdirat(dir, os(&name)?, Mode::from_raw_mode(perm))?;
                 let e = self.entry_of(cs, dir, &name)?;
                 let inode = self.table.get(e.node)?;
@@ -528,11 +545,8 @@ impl Export {
         inode: Arc<Inode>,
         flags: u32,
     ) -> Result<Opened, Errno> {
-        if inode.is_dir() {
-            return Err(Errno::EISDIR);
-        }
         if !inode.is_file() {
-            return Err(Errno::ENXIO);
+            return Err(super::filetype::refusal(inode.kind));
         }
         let acc = flags & libc::O_ACCMODE as u32;
         let writable = acc != libc::O_RDONLY as u32;
@@ -540,11 +554,14 @@ impl Export {
         if self.read_only && (writable || trunc) {
             return Err(Errno::EROFS);
         }
-        let fd = inode.reopen(if writable {
-            OFlags::RDWR
-        } else {
-            OFlags::RDONLY
-        })?;
+        let fd = RegularFd::reopen(
+            &inode.fd,
+            if writable {
+                OFlags::RDWR
+            } else {
+                OFlags::RDONLY
+            },
+        )?;
         let file = OpenFile {
             inode: inode.clone(),
             fd,
@@ -585,24 +602,12 @@ impl Export {
         creds: &Creds,
     ) -> Result<Reply, Errno> {
         let p = self.table.get(parent)?;
-        let perm = mode & 0o7777 & !creds.umask;
-        let mut oflags = OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        if flags & libc::O_EXCL as u32 != 0 {
-            oflags |= OFlags::EXCL;
-        }
-        let fd = rustix::fs::openat2(
-            p.dir()?,
-            os(name)?,
-            oflags,
-            Mode::from_raw_mode(perm),
-            resolve_flags(),
-        )?;
-        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-        self.own(&fd, creds, perm, Some(&path))?;
+        let dir = p.dir()?;
+        let perm = self.policy.squash(mode & !creds.umask, false);
+        let (fd, opath) = self.create_or_open(dir, name, perm, flags, creds)?;
         if flags & libc::O_TRUNC as u32 != 0 {
             rustix::fs::ftruncate(&fd, 0)?;
         }
-        let opath = rustix::fs::open(path.as_str(), OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
         let entry = self.install(cs, opath)?;
         let inode = self.table.get(entry.node)?;
         let writable = flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32;
@@ -623,6 +628,53 @@ impl Export {
             opened,
             p.attr()?,
         ))
+    }
+
+    /// Creates `name` in `dir` as a new regular file (given to the caller), or without
+    /// `O_EXCL` opens the regular file of that name: an object of another kind is never
+    /// opened (see [`super::filetype`]). Returns the read-write descriptor and an `O_PATH`
+    /// one of the same file.
+    fn create_or_open(
+        &self,
+        dir: &OwnedFd,
+        name: &[u8],
+        perm: u32,
+        flags: u32,
+        creds: &Creds,
+    ) -> Result<(RegularFd, OwnedFd), Errno> {
+        let excl = flags & libc::O_EXCL as u32 != 0;
+        // The name may come and go between the two attempts (another client): a few tries.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let created = rustix::fs::openat2(
+                dir,
+                os(name)?,
+                OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(perm),
+                resolve_flags(),
+            );
+            match created {
+                Ok(fd) => {
+                    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+                    let fd = RegularFd::check(fd)?;
+                    self.own(&fd, creds, perm, Some(&path))?;
+                    let opath = rustix::fs::open(
+                        path.as_str(),
+                        OFlags::PATH | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                    return Ok((fd, opath));
+                }
+                Err(rustix::io::Errno::EXIST) if !excl => {}
+                Err(e) => return Err(e.into()),
+            }
+            match open_beneath(dir, name, false) {
+                Ok(opath) => return Ok((RegularFd::reopen(&opath, OFlags::RDWR)?, opath)),
+                Err(Errno::ENOENT) if tries < 3 => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn map_region(&self, f: &OpenFile, min_size: u64) -> Result<Mapped, Errno> {
@@ -696,7 +748,7 @@ impl Export {
             let fd = match file.filter(|f| f.writable) {
                 Some(f) => &f.fd,
                 None => {
-                    reopened = inode.reopen(OFlags::WRONLY)?;
+                    reopened = RegularFd::reopen(&inode.fd, OFlags::WRONLY)?;
                     &reopened
                 }
             };
@@ -718,7 +770,7 @@ impl Export {
             }
             rustix::fs::chmod(
                 inode.proc_path()?.as_str(),
-                Mode::from_raw_mode(mode & 0o7777),
+                Mode::from_raw_mode(self.policy.squash(mode, inode.is_dir())),
             )?;
         }
         if set.atime != TimeSet::Omit || set.mtime != TimeSet::Omit {

@@ -17,6 +17,7 @@
 
 mod conn;
 mod export;
+mod filetype;
 mod inode;
 mod jobs;
 mod region;
@@ -38,6 +39,7 @@ use crate::proto::{
 };
 use conn::{Buffers, Conn, HELLO, HELLO_LEN, RECV, SEND};
 use export::Export;
+pub use filetype::ExportPolicy;
 
 /// How a server is set up.
 #[derive(Debug, Clone)]
@@ -48,6 +50,8 @@ pub struct ServerConfig {
     pub listen: Vec<SocketAddr>,
     /// Refuse every change (`EROFS`) and register file pages read-only.
     pub read_only: bool,
+    /// Devices and set-user-id bits (default: neither, as an NFS export's `nodev,nosuid`).
+    pub policy: ExportPolicy,
     /// Threads carrying out requests (default 4).
     pub workers: usize,
     /// Most clients connected at once (default 64).
@@ -71,6 +75,7 @@ impl ServerConfig {
             export: export.into(),
             listen,
             read_only: false,
+            policy: ExportPolicy::default(),
             workers: 4,
             max_clients: 64,
             max_outstanding: 32,
@@ -123,8 +128,9 @@ impl std::fmt::Debug for Server {
 impl Server {
     /// Opens the export, listens and starts serving.
     pub fn start(ctx: &Context, cfg: ServerConfig) -> Result<Server, ServerError> {
-        let export =
-            Export::new(ctx.clone(), &cfg.export, cfg.read_only).map_err(ServerError::Export)?;
+        let export = Export::new(ctx.clone(), &cfg.export, cfg.read_only)
+            .map_err(ServerError::Export)?
+            .with_policy(cfg.policy);
         let listener = Arc::new(ctx.listen(&cfg.listen)?);
         let per_client = 2 * cfg.max_outstanding.max(1) + 4;
         let cq = ctx.create_cq(cfg.max_clients.max(1) * 2 * per_client + 64);
@@ -457,5 +463,7 @@ impl Shared {
     }
 }
 
+#[cfg(test)]
+mod special_tests;
 #[cfg(test)]
 mod tests;
