@@ -39,6 +39,7 @@ mod context;
 mod cq;
 mod endpoint;
 mod engine;
+pub mod log_limit;
 mod netns;
 
 pub use braid_proto::wire::handshake::MAX_RAILS;

@@ -14,6 +14,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, SeekFrom, Timespec, Timesta
 use super::filetype::{ExportPolicy, RegularFd};
 use super::inode::{Inode, InodeTable, dev_from_wire, empty_path, open_beneath, os, resolve_flags};
 use super::jobs::JobThread;
+use super::limits::{HandleBudget, Limits, Ticket};
 use super::region::FileRegions;
 use super::writeback::Writeback;
 use crate::proto::{
@@ -21,15 +22,13 @@ use crate::proto::{
     Mapped, NodeId, Opened, Reply, Request, SetAttr, StatFs, TimeSet,
 };
 
-/// Most open files and directories one client may hold.
-const MAX_HANDLES: usize = 1 << 16;
-
 /// A regular file opened by a client.
 pub(crate) struct OpenFile {
     inode: Arc<Inode>,
     /// `O_RDWR` for writable handles, else `O_RDONLY`.
     fd: RegularFd,
     writable: bool,
+    _ticket: Ticket,
 }
 
 impl Drop for OpenFile {
@@ -45,6 +44,7 @@ impl Drop for OpenFile {
 /// A directory opened for reading.
 pub(crate) struct OpenDir {
     fd: OwnedFd,
+    _ticket: Ticket,
 }
 
 /// What the server holds for one client: lookup references and open handles. Dropped (via
@@ -55,15 +55,14 @@ pub(crate) struct ClientState {
     files: HashMap<u64, Arc<OpenFile>>,
     dirs: HashMap<u64, Arc<Mutex<OpenDir>>>,
     next_handle: u64,
+    /// Open files and directories (their tickets of the handle budget).
+    held: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ClientState {
-    fn handle(&mut self) -> Result<u64, Errno> {
-        if self.files.len() + self.dirs.len() >= MAX_HANDLES {
-            return Err(Errno::EMFILE);
-        }
+    fn handle(&mut self) -> u64 {
         self.next_handle += 1;
-        Ok(self.next_handle)
+        self.next_handle
     }
 
     /// Open file handles.
@@ -92,6 +91,8 @@ pub(crate) struct Export {
     writeback: Writeback,
     /// Faults in the pages of grown ranges, after `MapRegion` has been answered.
     populate: JobThread,
+    /// Descriptors clients may hold.
+    budget: HandleBudget,
 }
 
 /// Grows the file open as `fd` to `size` bytes (more than it has) by writing one zero byte
@@ -159,6 +160,11 @@ impl Export {
                 "fs-populate",
                 "grown ranges are faulted in before MapRegion is answered",
             ),
+            budget: HandleBudget::new(Limits::derive(
+                rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
+                1,
+                64,
+            )),
         })
     }
 
@@ -166,6 +172,19 @@ impl Export {
     pub(crate) fn with_policy(mut self, policy: ExportPolicy) -> Export {
         self.policy = policy;
         self
+    }
+
+    /// The export with the descriptor limits `limits` instead of those of the process's
+    /// limit now.
+    pub(crate) fn with_limits(mut self, limits: Limits) -> Export {
+        self.budget = HandleBudget::new(limits);
+        self
+    }
+
+    /// A ticket for one more open handle of client `cs` (before its descriptor is opened).
+    fn ticket(&self, cs: &Mutex<ClientState>) -> Result<Ticket, Errno> {
+        let held = cs.lock().held.clone();
+        self.budget.take(&held, self.table.len())
     }
 
     /// The root's entry (sent in the hello reply).
@@ -200,6 +219,8 @@ impl Export {
     }
 
     fn install(&self, cs: &Mutex<ClientState>, fd: OwnedFd) -> Result<Entry, Errno> {
+        let held = cs.lock().lookups.len();
+        self.budget.may_look_up(held, self.table.len())?;
         let (inode, attr) = self.table.install(fd)?;
         *cs.lock().lookups.entry(inode.id).or_default() += 1;
         Ok(Entry {
@@ -498,15 +519,21 @@ impl Export {
             }
             Request::OpenDir { node } => {
                 let inode = self.table.get(node)?;
+                let dir = inode.dir()?;
+                let ticket = self.ticket(cs)?;
                 let fd = rustix::fs::openat(
-                    inode.dir()?,
+                    dir,
                     ".",
                     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
                     Mode::empty(),
                 )?;
                 let mut c = cs.lock();
-                let dh = c.handle()?;
-                c.dirs.insert(dh, Arc::new(Mutex::new(OpenDir { fd })));
+                let dh = c.handle();
+                let d = OpenDir {
+                    fd,
+                    _ticket: ticket,
+                };
+                c.dirs.insert(dh, Arc::new(Mutex::new(d)));
                 Ok(Reply::Handle(dh))
             }
             Request::ReadDir {
@@ -554,6 +581,7 @@ impl Export {
         if self.read_only && (writable || trunc) {
             return Err(Errno::EROFS);
         }
+        let ticket = self.ticket(cs)?;
         let fd = RegularFd::reopen(
             &inode.fd,
             if writable {
@@ -566,6 +594,7 @@ impl Export {
             inode: inode.clone(),
             fd,
             writable,
+            _ticket: ticket,
         };
         inode.regions.lock().opens += 1;
         if trunc && writable {
@@ -587,7 +616,7 @@ impl Export {
             (attr, region)
         };
         let mut c = cs.lock();
-        let fh = c.handle()?;
+        let fh = c.handle();
         c.files.insert(fh, Arc::new(file));
         Ok(Opened { fh, attr, region })
     }
@@ -604,6 +633,7 @@ impl Export {
         let p = self.table.get(parent)?;
         let dir = p.dir()?;
         let perm = self.policy.squash(mode & !creds.umask, false);
+        let ticket = self.ticket(cs)?;
         let (fd, opath) = self.create_or_open(dir, name, perm, flags, creds)?;
         if flags & libc::O_TRUNC as u32 != 0 {
             rustix::fs::ftruncate(&fd, 0)?;
@@ -618,6 +648,7 @@ impl Export {
                 inode,
                 fd,
                 writable,
+                _ticket: ticket,
             },
         )?;
         Ok(Reply::Created(

@@ -20,6 +20,7 @@ mod export;
 mod filetype;
 mod inode;
 mod jobs;
+mod limits;
 mod region;
 mod writeback;
 
@@ -29,7 +30,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use braid::{Completion, CompletionKind, CompletionQueue, Context, EndpointOptions, Listener};
 use parking_lot::RwLock;
@@ -40,6 +41,7 @@ use crate::proto::{
 use conn::{Buffers, Conn, HELLO, HELLO_LEN, RECV, SEND};
 use export::Export;
 pub use filetype::ExportPolicy;
+use limits::{HELLO_DEADLINE, Limits};
 
 /// How a server is set up.
 #[derive(Debug, Clone)]
@@ -54,8 +56,16 @@ pub struct ServerConfig {
     pub policy: ExportPolicy,
     /// Threads carrying out requests (default 4).
     pub workers: usize,
-    /// Most clients connected at once (default 64).
+    /// Most clients connected at once (default 64); fewer if the descriptor limit allows
+    /// fewer endpoints (see `docs/FS.md`).
     pub max_clients: usize,
+    /// Descriptors the server may use in all (default `None`: the process's limit, whose
+    /// soft value is raised to the hard one at start). Endpoint and handle caps are derived
+    /// from it (`docs/FS.md`, "Limits").
+    pub fd_limit: Option<u64>,
+    /// An endpoint that has not said `Hello` this long after it connected is closed
+    /// (default 5 s).
+    pub hello_timeout: Duration,
     /// Requests one client may have outstanding (default 32): the receive buffers posted
     /// for it.
     pub max_outstanding: usize,
@@ -78,6 +88,8 @@ impl ServerConfig {
             policy: ExportPolicy::default(),
             workers: 4,
             max_clients: 64,
+            fd_limit: None,
+            hello_timeout: HELLO_DEADLINE,
             max_outstanding: 32,
             session: braid::SessionConfig::default(),
             poll_spin: Duration::from_micros(20),
@@ -99,6 +111,9 @@ pub enum ServerError {
     Thread(#[from] std::io::Error),
 }
 
+/// How often the acceptor looks for endpoints past their hello deadline.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(200);
+
 struct Shared {
     ctx: Context,
     cfg: ServerConfig,
@@ -107,6 +122,7 @@ struct Shared {
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     stop: AtomicBool,
     next_session: AtomicU64,
+    limits: Limits,
 }
 
 /// A running file server; [`Server::shutdown`] (or dropping it) stops it.
@@ -128,9 +144,20 @@ impl std::fmt::Debug for Server {
 impl Server {
     /// Opens the export, listens and starts serving.
     pub fn start(ctx: &Context, cfg: ServerConfig) -> Result<Server, ServerError> {
+        let fd_limit = cfg.fd_limit.or_else(limits::raise_nofile);
+        let limits = Limits::derive(fd_limit, cfg.listen.len(), cfg.max_clients);
+        tracing::info!(
+            "descriptor limit {fd_limit:?}: at most {} endpoints, {} objects and handles in all, \
+             {} handles and {} objects per client",
+            limits.endpoints,
+            limits.pool,
+            limits.handles_per_client,
+            limits.objects_per_client
+        );
         let export = Export::new(ctx.clone(), &cfg.export, cfg.read_only)
             .map_err(ServerError::Export)?
-            .with_policy(cfg.policy);
+            .with_policy(cfg.policy)
+            .with_limits(limits);
         let listener = Arc::new(ctx.listen(&cfg.listen)?);
         let per_client = 2 * cfg.max_outstanding.max(1) + 4;
         let cq = ctx.create_cq(cfg.max_clients.max(1) * 2 * per_client + 64);
@@ -142,6 +169,7 @@ impl Server {
             conns: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
             next_session: AtomicU64::new(1),
+            limits,
             cfg,
         });
         let mut threads = Vec::new();
@@ -215,22 +243,41 @@ impl Shared {
             session: self.cfg.session.clone(),
             ..EndpointOptions::new(&self.cq)
         };
+        let mut swept = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
-            let ep = match listener.accept(&opts, Duration::from_millis(200)) {
+            if swept.elapsed() >= SWEEP_INTERVAL {
+                self.close_silent();
+                swept = Instant::now();
+            }
+            let ep = match listener.accept(&opts, SWEEP_INTERVAL) {
                 Ok(ep) => ep,
                 Err(braid::Error::Timeout(_)) => continue,
                 Err(e) => {
                     if !self.stop.load(Ordering::Acquire) {
-                        tracing::warn!("accept failed: {e}");
+                        braid::warn_limited!("accept failed: {e}");
+                        // Out of descriptors: wait for some to be closed, never spin.
+                        if matches!(&e, braid::Error::Io(io) if matches!(io.raw_os_error(),
+                            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)))
+                        {
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
                     }
                     continue;
                 }
             };
+            if !self.make_room() {
+                braid::warn_limited!(
+                    "refusing an endpoint: {} connected, all of them clients",
+                    self.limits.endpoints
+                );
+                ep.close();
+                continue;
+            }
             let id = ep.id();
             let conn = match Conn::new(&self.ctx, ep) {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!("setting up an endpoint failed: {e}");
+                    braid::warn_limited!("setting up an endpoint failed: {e}");
                     continue;
                 }
             };
@@ -239,10 +286,57 @@ impl Shared {
             match conn.post_hello() {
                 Ok(()) => tracing::debug!(endpoint = id, "client endpoint connected"),
                 Err(e) => {
-                    tracing::warn!("posting the hello receive failed: {e}");
+                    braid::warn_limited!("posting the hello receive failed: {e}");
                     self.drop_conn(&conn);
                 }
             }
+        }
+    }
+
+    /// Makes room for one more endpoint if the table is full, by closing the oldest one that
+    /// has not said `Hello`; false if all are clients'.
+    fn make_room(&self) -> bool {
+        let oldest = {
+            let conns = self.conns.read();
+            if conns.len() < self.limits.endpoints {
+                return true;
+            }
+            conns
+                .values()
+                .filter(|c| c.session().is_none())
+                .min_by_key(|c| c.accepted)
+                .cloned()
+        };
+        match oldest {
+            Some(c) => {
+                braid::warn_limited!(
+                    endpoint = c.ep.id(),
+                    "closing the oldest endpoint without a hello: {} endpoints connected",
+                    self.limits.endpoints
+                );
+                self.drop_conn(&c);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes the endpoints that have not said `Hello` within the configured time.
+    fn close_silent(&self) {
+        let silent: Vec<Arc<Conn>> = self
+            .conns
+            .read()
+            .values()
+            .filter(|c| c.session().is_none() && c.accepted.elapsed() > self.cfg.hello_timeout)
+            .cloned()
+            .collect();
+        for c in silent {
+            braid::warn_limited!(
+                endpoint = c.ep.id(),
+                "closing an endpoint that said no hello within {:?}",
+                self.cfg.hello_timeout
+            );
+            self.drop_conn(&c);
         }
     }
 
@@ -281,7 +375,7 @@ impl Shared {
             }
             CompletionKind::Send => {} // the hello reply
             other => {
-                tracing::warn!(
+                braid::warn_limited!(
                     endpoint = c.endpoint,
                     ?other,
                     "unexpected completion; closing"
@@ -331,7 +425,7 @@ impl Shared {
         let (id, req) = match decode_request(&bytes) {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(endpoint = c.endpoint, "bad hello: {e}; closing");
+                braid::warn_limited!(endpoint = c.endpoint, "bad hello: {e}; closing");
                 return self.drop_conn(conn);
             }
         };
@@ -341,7 +435,7 @@ impl Shared {
             session,
         } = req
         else {
-            tracing::warn!(
+            braid::warn_limited!(
                 endpoint = c.endpoint,
                 "first message is not a hello; closing"
             );
@@ -362,7 +456,7 @@ impl Shared {
                 conn.ep.send(HELLO, &[sge]).map_err(|e| e.to_string())
             });
         if let Err(e) = sent {
-            tracing::warn!(endpoint = c.endpoint, "hello reply failed: {e}");
+            braid::warn_limited!(endpoint = c.endpoint, "hello reply failed: {e}");
             return self.drop_conn(conn);
         }
         if refused {
@@ -384,12 +478,12 @@ impl Shared {
         let session = match role {
             Role::Meta => {
                 if self.meta_clients() >= self.cfg.max_clients {
-                    tracing::warn!("refusing a client: {} connected", self.cfg.max_clients);
+                    braid::warn_limited!("refusing a client: {} connected", self.cfg.max_clients);
                     return Err(Errno::EAGAIN);
                 }
                 let bufs =
                     Buffers::new(&self.ctx, self.cfg.max_outstanding.max(1)).map_err(|e| {
-                        tracing::warn!("allocating client buffers failed: {e}");
+                        braid::warn_limited!("allocating client buffers failed: {e}");
                         Errno::ENOMEM
                     })?;
                 let slots = bufs.slots;
@@ -440,7 +534,7 @@ impl Shared {
         let (id, req) = match decode_request(&bytes) {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(endpoint = conn.ep.id(), "malformed request: {e}; closing");
+                braid::warn_limited!(endpoint = conn.ep.id(), "malformed request: {e}; closing");
                 return self.drop_conn(conn);
             }
         };
@@ -449,12 +543,12 @@ impl Shared {
         let msg = match encode_reply(id, op, &reply) {
             Ok(m) => m,
             Err(e) => {
-                tracing::error!("encoding the reply to {op:?}: {e}");
+                braid::warn_limited!("encoding the reply to {op:?}: {e}");
                 encode_reply(id, op, &Err(Errno::EIO)).unwrap_or_default()
             }
         };
         if bufs.send_reply(&conn.ep, msg).is_err() {
-            tracing::warn!(
+            braid::warn_limited!(
                 endpoint = conn.ep.id(),
                 "a reply could not be sent (connection failed, or the client exceeded its outstanding requests); closing"
             );

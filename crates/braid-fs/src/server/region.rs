@@ -76,7 +76,7 @@ impl FileRegion {
             Access::REMOTE_READ
         };
         let region = ctx.register_file(fd, 0, len_usize, access).map_err(|e| {
-            tracing::warn!("registering a file region of {len} bytes failed: {e}");
+            braid::warn_limited!("registering a file region of {len} bytes failed: {e}");
             match e {
                 braid::Error::Io(io) => Errno::from(io),
                 braid::Error::InvalidArgument(_) => Errno::EINVAL,

@@ -28,6 +28,8 @@ use braid_proto::wire::{HandshakeStatus, Hello, HelloReply};
 const ACCEPT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A session whose rails do not all arrive within this time is dropped.
 const PENDING_SESSION_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long the accept loop waits after running out of descriptors before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Stack of a handshake thread: it only decodes 64-byte messages and computes an HMAC.
 const HANDSHAKE_STACK: usize = 128 << 10;
 
@@ -278,7 +280,16 @@ impl ListenerShared {
                     Ok(x) => x,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                     Err(e) => {
-                        tracing::warn!("accept failed: {e}");
+                        crate::warn_limited!("accept failed: {e}");
+                        // Out of descriptors (or memory): the connection stays in the
+                        // backlog and poll reports it again at once; wait instead of
+                        // spinning until something is closed.
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                        ) {
+                            std::thread::sleep(ACCEPT_BACKOFF);
+                        }
                         continue;
                     }
                 };
