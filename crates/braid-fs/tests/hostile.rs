@@ -137,3 +137,19 @@ fn a_client_hoarding_handles_gets_emfile_and_others_are_served() {
         DirIter::open(&hoarder, root).map(|d| held.push(d)).is_ok()
     });
 }
+
+#[test]
+fn a_write_far_past_the_end_grows_the_file_in_bounded_steps() {
+    let s = setup(|_| {});
+    let c = s.client();
+    let (_, f) = c
+        .create(c.root().node, b"sparse", 0o644, libc::O_RDWR)
+        .unwrap();
+    // Past the registration and more than one growth step (1 GiB) away.
+    let at = (3 << 30) + 5;
+    let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 31) as u8).collect();
+    f.write_all_at(at, &data).unwrap();
+    assert_eq!(f.attr().unwrap().size, at + data.len() as u64);
+    assert_eq!(f.read_vec(at, data.len()).unwrap(), data);
+    assert_eq!(f.read_vec(1 << 30, 8).unwrap(), vec![0; 8]);
+}

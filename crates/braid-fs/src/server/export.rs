@@ -14,7 +14,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, SeekFrom, Timespec, Timesta
 use super::filetype::{ExportPolicy, RegularFd};
 use super::inode::{Inode, InodeTable, dev_from_wire, empty_path, open_beneath, os, resolve_flags};
 use super::jobs::JobThread;
-use super::limits::{HandleBudget, Limits, Ticket};
+use super::limits::{HandleBudget, Limits, MAX_GROWTH, POPULATE_AHEAD, Ticket};
 use super::region::FileRegions;
 use super::writeback::Writeback;
 use crate::proto::{
@@ -729,7 +729,10 @@ impl Export {
                     Errno::EBADF
                 });
             }
-            grow(&f.fd, min_size)?;
+            // A request costs its client a few bytes; what it makes the server allocate is
+            // bounded: the size by MAX_GROWTH per request (the client asks again for more),
+            // and pages faulted in ahead of the client's data by POPULATE_AHEAD.
+            grow(&f.fd, min_size.min(attr.size.saturating_add(MAX_GROWTH)))?;
             let old = attr.size;
             attr = f.inode.attr()?;
             let region = r.ensure(&self.ctx, &f.fd, attr.size, true)?;
@@ -738,7 +741,8 @@ impl Export {
             // bytes arrive (page by page faster than the wire fills them), not before the
             // reply: the client's writes queue behind the growth, and a synchronous
             // populate of each batch (1 ms per MiB here) left the rails idle meanwhile.
-            if let Some(job) = r.populate_job(old, attr.size)
+            let from = old.max(attr.size.saturating_sub(POPULATE_AHEAD));
+            if let Some(job) = r.populate_job(from, attr.size)
                 && let Err(job) = self.populate.submit(job)
             {
                 job();
@@ -750,6 +754,12 @@ impl Export {
         }
         let region = r.ensure(&self.ctx, &f.fd, attr.size, f.writable && !self.read_only)?;
         Ok(Mapped { attr, region })
+    }
+
+    /// Waits until the pages of grown ranges have been faulted in (tests).
+    #[cfg(test)]
+    pub(crate) fn settle(&self) {
+        assert!(self.populate.wait_idle(std::time::Duration::from_secs(60)));
     }
 
     /// Hands `range` of the file (if any) to the writeback thread.

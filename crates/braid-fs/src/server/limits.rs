@@ -32,6 +32,15 @@ pub(crate) const FDS_PER_ENDPOINT_RAIL: u64 = 4;
 /// `ServerConfig::hello_timeout`).
 pub(crate) const HELLO_DEADLINE: Duration = Duration::from_secs(5);
 
+/// Most a `MapRegion` grows a file by: a client writing further asks again (one round
+/// trip per GiB; sparse files cost no space, but each request's growth is bounded anyway).
+pub(crate) const MAX_GROWTH: u64 = 1 << 30;
+
+/// Most bytes of a grown range whose pages a `MapRegion` faults in ahead of the client's
+/// writes (the end of the range, where queued writes land): what the mount has in flight
+/// at most. Beyond that, pages are allocated when data lands in them.
+pub(crate) const POPULATE_AHEAD: u64 = 64 << 20;
+
 /// Raises the soft descriptor limit to the hard one; returns the soft limit now in force
 /// (`None`: unlimited or unknown).
 pub(crate) fn raise_nofile() -> Option<u64> {

@@ -558,6 +558,6 @@ impl Shared {
 }
 
 #[cfg(test)]
-mod special_tests;
+mod hostile_tests;
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,4 @@
-//! A hostile client and special files: devices, FIFOs, set-user-id bits (issue 39, finding 1).
+//! A hostile client against the export: special files, set-user-id bits, amplification (issue 39).
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -283,4 +283,39 @@ fn create_of_an_existing_file_opens_it_without_taking_it_over() {
     // With O_EXCL it is refused.
     let excl = f.create("theirs", 0o644, libc::O_RDWR | libc::O_EXCL);
     assert_eq!(excl.err(), Some(Errno::EEXIST));
+}
+
+#[test]
+fn a_small_map_region_cannot_make_the_server_allocate_a_gib() {
+    use std::os::unix::fs::MetadataExt;
+    let f = fx(ExportPolicy::default());
+    let Ok(Reply::Created(_, o, _)) = f.create("big", 0o644, libc::O_RDWR) else {
+        panic!()
+    };
+    const GIB: u64 = 1 << 30;
+    let Ok(Reply::Mapped(m)) = f.call(Request::MapRegion {
+        fh: o.fh,
+        min_size: GIB,
+    }) else {
+        panic!()
+    };
+    assert_eq!(m.attr.size, GIB);
+    f.export.settle();
+    // Only the end of the range, where a client's writes would land, is faulted in.
+    let allocated = f.root.join("big").metadata().unwrap().blocks() * 512;
+    assert!(
+        allocated <= (64 << 20) + (1 << 20),
+        "{allocated} bytes allocated for a 40-byte request"
+    );
+    // Growth per request is bounded too: the client asks again.
+    let Ok(Reply::Mapped(m)) = f.call(Request::MapRegion {
+        fh: o.fh,
+        min_size: 1 << 50,
+    }) else {
+        panic!()
+    };
+    assert_eq!(m.attr.size, 2 * GIB);
+    f.export.settle();
+    let allocated = f.root.join("big").metadata().unwrap().blocks() * 512;
+    assert!(allocated <= 2 * (64 << 20) + (1 << 20), "{allocated}");
 }
