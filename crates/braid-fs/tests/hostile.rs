@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use braid::{Context, Endpoint, EndpointOptions, RailAddr, RailTransport};
+use braid::{Access, CompletionQueue, Context, Endpoint, EndpointOptions, RailAddr, RailTransport};
 use braid_fs::client::{Client, ClientConfig, DirIter, Error};
-use braid_fs::proto::Errno;
+use braid_fs::proto::{self, Errno, HelloReply, Op, Reply, Request, Role};
 use braid_fs::server::{Server, ServerConfig};
 
 struct Setup {
@@ -37,10 +37,42 @@ fn setup(tweak: impl FnOnce(&mut ServerConfig)) -> Setup {
 impl Setup {
     /// An endpoint that never says `Hello`.
     fn silent(&self) -> Endpoint {
+        self.raw().0
+    }
+
+    /// An endpoint of a peer speaking the protocol itself, and its completion queue.
+    fn raw(&self) -> (Endpoint, CompletionQueue) {
         let cq = self.ctx.create_cq(16);
         let mut opts = EndpointOptions::new(&cq);
         opts.transport = RailTransport::Tcp;
-        self.ctx.connect(&self.rails, &opts).unwrap()
+        (self.ctx.connect(&self.rails, &opts).unwrap(), cq)
+    }
+
+    /// Says `Hello` on a new raw endpoint; the server's answer, and the endpoint.
+    fn hello(&self, role: Role, session: u64) -> (Result<HelloReply, Errno>, Endpoint) {
+        let (ep, cq) = self.raw();
+        let buf = self.ctx.alloc_region(8192, Access::LOCAL_WRITE).unwrap();
+        ep.post_recv(2, &[buf.slice(4096, 4096).unwrap()]).unwrap();
+        let hello = Request::Hello {
+            version: proto::VERSION,
+            role,
+            session,
+        };
+        let msg = proto::encode_request(7, &hello).unwrap();
+        buf.write_at(0, &msg).unwrap();
+        ep.send(1, &[buf.slice(0, msg.len()).unwrap()]).unwrap();
+        loop {
+            let c = cq.wait(Duration::from_secs(10)).expect("a hello reply");
+            assert!(c.status.is_ok(), "{c:?}");
+            if c.wr_id == 2 {
+                let bytes = buf.to_vec(4096, c.byte_len as usize).unwrap();
+                return match proto::decode_reply(&bytes).unwrap() {
+                    (7, Op::Hello, Ok(Reply::Hello(h))) => (Ok(h), ep),
+                    (7, Op::Hello, Err(e)) => (Err(e), ep),
+                    other => panic!("{other:?}"),
+                };
+            }
+        }
     }
 
     fn client(&self) -> Client {
@@ -152,4 +184,28 @@ fn a_write_far_past_the_end_grows_the_file_in_bounded_steps() {
     assert_eq!(f.attr().unwrap().size, at + data.len() as u64);
     assert_eq!(f.read_vec(at, data.len()).unwrap(), data);
     assert_eq!(f.read_vec(1 << 30, 8).unwrap(), vec![0; 8]);
+}
+
+#[test]
+fn session_tokens_are_random_and_a_data_endpoint_attaches_once() {
+    let s = setup(|_| {});
+    let (a, _ea) = s.hello(Role::Meta, 0);
+    let (b, _eb) = s.hello(Role::Meta, 0);
+    let (a, b) = (a.unwrap(), b.unwrap());
+    // Not a counter, not derived from what every client is told (the handles' generation).
+    let generation = a.root.node.generation;
+    for t in [a.session, b.session] {
+        assert!((t ^ generation) > 1 << 32, "{t:#x} ^ {generation:#x}");
+    }
+    assert!((a.session ^ b.session).count_ones() > 4);
+    // A guessed token is refused; the right one attaches one data endpoint, once.
+    let (guess, _) = s.hello(Role::Data, b.session ^ 1);
+    assert_eq!(guess.err(), Some(Errno::EACCES));
+    let (first, _d1) = s.hello(Role::Data, a.session);
+    assert!(first.is_ok());
+    let (second, _d2) = s.hello(Role::Data, a.session);
+    assert_eq!(second.err(), Some(Errno::EACCES));
+    // A real client's data endpoint cannot be doubled either, and it is still served.
+    let c = s.client();
+    served(&c, "real");
 }

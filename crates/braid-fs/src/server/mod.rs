@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -111,6 +111,23 @@ pub enum ServerError {
     Thread(#[from] std::io::Error),
 }
 
+/// A client's session token: 64 bits from the operating system's generator (never 0), so
+/// that another client cannot guess it and attach a data endpoint of its own.
+fn session_token() -> Result<u64, Errno> {
+    let mut b = [0u8; 8];
+    match rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()) {
+        Ok(8) if b != [0; 8] => Ok(u64::from_le_bytes(b)),
+        _ => Err(Errno::EAGAIN),
+    }
+}
+
+/// The remote addresses (without ports) of an endpoint's rails, sorted.
+fn peer_hosts(ep: &braid::Endpoint) -> Vec<std::net::IpAddr> {
+    let mut v: Vec<_> = ep.rail_addrs().iter().map(|(_, r)| r.ip()).collect();
+    v.sort();
+    v
+}
+
 /// How often the acceptor looks for endpoints past their hello deadline.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -121,7 +138,6 @@ struct Shared {
     cq: CompletionQueue,
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     stop: AtomicBool,
-    next_session: AtomicU64,
     limits: Limits,
 }
 
@@ -168,7 +184,6 @@ impl Server {
             cq,
             conns: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
-            next_session: AtomicU64::new(1),
             limits,
             cfg,
         });
@@ -493,22 +508,38 @@ impl Shared {
                 for i in 0..slots {
                     conn.repost(i).map_err(|_| Errno::ENOTCONN)?;
                 }
-                self.next_session.fetch_add(1, Ordering::Relaxed)
-                    ^ self.export.root()?.node.generation
+                // Under the table's lock: no other meta endpoint takes the same token.
+                let conns = self.conns.write();
+                let token = loop {
+                    let t = session_token()?;
+                    if !conns
+                        .values()
+                        .any(|c| c.session().is_some_and(|s| s.1 == t))
+                    {
+                        break t;
+                    }
+                };
+                *conn.role.lock() = Some((role, token));
+                token
             }
             Role::Data => {
-                let known = self
-                    .conns
-                    .read()
+                // One data endpoint per client, from the hosts of its meta endpoint; under
+                // the table's lock, so two endpoints with the token cannot both be taken.
+                let conns = self.conns.write();
+                let meta = conns
                     .values()
-                    .any(|c| c.session() == Some((Role::Meta, session)));
-                if !known {
+                    .find(|c| c.session() == Some((Role::Meta, session)))
+                    .ok_or(Errno::EACCES)?;
+                let taken = conns
+                    .values()
+                    .any(|c| c.session() == Some((Role::Data, session)));
+                if taken || peer_hosts(&meta.ep) != peer_hosts(&conn.ep) {
                     return Err(Errno::EACCES);
                 }
+                *conn.role.lock() = Some((role, session));
                 session
             }
         };
-        *conn.role.lock() = Some((role, session));
         Ok(Reply::Hello(HelloReply {
             version: proto::VERSION,
             root: self.export.root()?,
