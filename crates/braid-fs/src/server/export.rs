@@ -253,8 +253,8 @@ impl Export {
             rustix::fs::chownat(
                 &fd,
                 "",
-                Some(rustix::fs::Uid::from_raw(creds.uid)),
-                Some(rustix::fs::Gid::from_raw(gid)),
+                Some(uid_of(creds.uid)?),
+                Some(gid_of(gid)?),
                 empty_path(),
             )?;
         }
@@ -270,6 +270,15 @@ impl Export {
     pub(crate) fn handle(&self, cs: &Mutex<ClientState>, req: Request) -> Result<Reply, Errno> {
         if self.read_only && req.modifies() {
             return Err(Errno::EROFS);
+        }
+        // Checked before anything is created: an object is never left with the wrong owner.
+        if let Request::Mknod { creds, .. }
+        | Request::Mkdir { creds, .. }
+        | Request::Symlink { creds, .. }
+        | Request::Create { creds, .. } = &req
+        {
+            uid_of(creds.uid)?;
+            gid_of(creds.gid)?;
         }
         match req {
             Request::Hello { .. } => Err(Errno::EPROTO),
@@ -800,8 +809,8 @@ impl Export {
             rustix::fs::chownat(
                 &inode.fd,
                 "",
-                set.uid.map(rustix::fs::Uid::from_raw),
-                set.gid.map(rustix::fs::Gid::from_raw),
+                set.uid.map(uid_of).transpose()?,
+                set.gid.map(gid_of).transpose()?,
                 empty_path(),
             )?;
         }
@@ -837,6 +846,22 @@ impl Export {
         }
         inode.attr()
     }
+}
+
+/// A user id from a client; `EINVAL` for -1, which `chown` would take as "leave it".
+fn uid_of(raw: u32) -> Result<rustix::fs::Uid, Errno> {
+    if raw == u32::MAX {
+        return Err(Errno::EINVAL);
+    }
+    Ok(rustix::fs::Uid::from_raw(raw))
+}
+
+/// A group id from a client; `EINVAL` for -1.
+fn gid_of(raw: u32) -> Result<rustix::fs::Gid, Errno> {
+    if raw == u32::MAX {
+        return Err(Errno::EINVAL);
+    }
+    Ok(rustix::fs::Gid::from_raw(raw))
 }
 
 /// Reads entries of the directory open as `fd`, starting at the cookie `offset`.

@@ -319,3 +319,39 @@ fn a_small_map_region_cannot_make_the_server_allocate_a_gib() {
     let allocated = f.root.join("big").metadata().unwrap().blocks() * 512;
     assert!(allocated <= 2 * (64 << 20) + (1 << 20), "{allocated}");
 }
+
+#[test]
+fn an_id_of_minus_one_is_refused_not_taken_as_leave_it() {
+    if !is_root() {
+        return eprintln!("skipped: giving files away needs root");
+    }
+    let f = fx(ExportPolicy::default());
+    let creds = Creds {
+        uid: u32::MAX,
+        gid: 5,
+        umask: 0,
+    };
+    let r = f.call(Request::Mkdir {
+        parent: f.top(),
+        name: b"d".to_vec(),
+        mode: 0o755,
+        creds,
+    });
+    assert_eq!(r.err(), Some(Errno::EINVAL));
+    assert!(!f.root.join("d").exists(), "nothing is created");
+    std::fs::write(f.root.join("x"), b"").unwrap();
+    let node = f.lookup("x").node;
+    for set in [
+        SetAttr {
+            uid: Some(u32::MAX),
+            ..SetAttr::default()
+        },
+        SetAttr {
+            gid: Some(u32::MAX),
+            ..SetAttr::default()
+        },
+    ] {
+        let r = f.call(Request::SetAttr { node, fh: 0, set });
+        assert_eq!(r.err(), Some(Errno::EINVAL));
+    }
+}

@@ -18,6 +18,9 @@
 mod conn;
 mod export;
 mod filetype;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod inode;
 mod jobs;
 mod limits;
