@@ -8,6 +8,15 @@
 //! fs_hostile hoard ADDR SECS           # one client opening directories until refused
 //! fs_hostile client ADDR               # one real client: connect, write, read back, timed
 //! ```
+//!
+//! Against `braid fs serve` with a 1,024-descriptor limit (docs/FS.md, Security, Limits):
+//!
+//! ```text
+//! (ulimit -n 1024; exec braid fs serve --export $EX --listen 127.0.0.1:0) >$LOG 2>&1 &
+//! fs_hostile idle 127.0.0.1:$PORT 1000 10 &   # then, while it holds them:
+//! fs_hostile client 127.0.0.1:$PORT; fs_hostile hoard 127.0.0.1:$PORT 2
+//! ls /proc/$SERVER_PID/fd | wc -l; awk '{print $14+$15}' /proc/$SERVER_PID/stat   # fds, CPU ticks
+//! ```
 use std::time::{Duration, Instant};
 
 use braid::{Context, EndpointOptions, RailTransport};
