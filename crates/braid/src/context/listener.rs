@@ -246,7 +246,7 @@ impl ListenerShared {
             self.pending.lock().retain(|id, p| {
                 let keep = p.since.elapsed() < PENDING_SESSION_TIMEOUT;
                 if !keep {
-                    tracing::warn!(
+                    crate::warn_limited!(
                         session = id,
                         "dropping a session whose rails did not all arrive"
                     );
@@ -304,7 +304,7 @@ impl ListenerShared {
         let handle = match stream.try_clone() {
             Ok(h) => h,
             Err(e) => {
-                tracing::warn!(peer = %from, "refused a rail: {e}");
+                crate::warn_limited!(peer = %from, "refused a rail: {e}");
                 return;
             }
         };
@@ -312,7 +312,7 @@ impl ListenerShared {
             let mut h = self.half_open.lock();
             while h.conns.len() >= Listener::MAX_HALF_OPEN {
                 let (_, oldest) = h.conns.pop_front().expect("the table is full");
-                tracing::warn!(
+                crate::warn_limited!(
                     peer = ?oldest.peer_addr().ok(),
                     "closing the oldest unfinished rail handshake: {} in progress",
                     Listener::MAX_HALF_OPEN
@@ -338,13 +338,13 @@ impl ListenerShared {
                         me.ready_cv.notify_all();
                     }
                     Ok(None) => {}
-                    Err(e) => tracing::warn!(peer = %from, "refused a rail: {e}"),
+                    Err(e) => crate::warn_limited!(peer = %from, "refused a rail: {e}"),
                 }
             });
         if let Err(e) = spawned {
             // The connection went with the closure: it is closed.
             self.leave_half_open(id);
-            tracing::warn!(peer = %from, "refused a rail: cannot start its handshake: {e}");
+            crate::warn_limited!(peer = %from, "refused a rail: cannot start its handshake: {e}");
         }
     }
 
