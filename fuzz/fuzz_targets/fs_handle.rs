@@ -4,8 +4,8 @@
 //! Input: records of a 2-byte little-endian length and that many bytes of one request
 //! message (decoded with `decode_request`; records that do not decode are skipped). Node
 //! handles whose generation is 0 get the export's generation (ids are small and sequential,
-//! so the fuzzer reaches real objects); file sizes and offsets are taken modulo 16 MiB and
-//! the sync bits of `Commit` are cleared, to keep each run short and small.
+//! so the fuzzer reaches real objects); file sizes, offsets and append reservations are taken
+//! modulo 16 MiB and the sync bits of `Commit` are cleared, to keep each run short and small.
 //!
 //! Each input gets a fresh export (`<tmp>/export`, with a file, a directory, a symlink out
 //! and one in, a FIFO) beside `<tmp>/outside/secret`. Checked after every input: no panic; no
@@ -64,6 +64,7 @@ fn tame(req: &mut Request, g: u64) {
         }
         Request::MapRegion { min_size, .. } => *min_size &= SIZE_MASK,
         Request::Write { offset, .. } => *offset &= SIZE_MASK,
+        Request::Append { reserve, .. } => *reserve &= SIZE_MASK,
         Request::Commit { flags, .. } => *flags &= !(COMMIT_SYNC | COMMIT_DATASYNC),
         _ => {}
     }

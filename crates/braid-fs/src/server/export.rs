@@ -23,6 +23,8 @@ use crate::proto::{
 };
 use attr::{gid_of, read_dir, uid_of};
 
+#[path = "append.rs"]
+mod append;
 mod attr;
 
 /// A regular file opened by a client.
@@ -211,6 +213,11 @@ impl Export {
     /// Objects in the inode table (for tests and logs).
     pub(crate) fn inode_count(&self) -> usize {
         self.table.len()
+    }
+
+    /// The object open as `fh` (the lock table's key for it).
+    pub(crate) fn open_file_id(&self, cs: &Mutex<ClientState>, fh: u64) -> Result<u64, Errno> {
+        Ok(cs.lock().file(fh)?.inode.id)
     }
 
     /// Releases everything a client held.
@@ -560,6 +567,11 @@ impl Export {
             Request::ReleaseDir { dh } => {
                 cs.lock().dirs.remove(&dh).ok_or(Errno::EBADF)?;
                 Ok(Reply::Empty)
+            }
+            Request::Append { fh, data, reserve } => self.append(cs, fh, &data, reserve),
+            // Answered by the server's lock table (`server/lockserv.rs`).
+            Request::GetLock(_) | Request::SetLock(_) | Request::SetLockWait(_) => {
+                Err(Errno::EPROTO)
             }
             Request::StatFs => {
                 let root = self.table.get(self.root()?.node)?;

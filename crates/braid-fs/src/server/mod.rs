@@ -24,6 +24,8 @@ pub mod fuzzing;
 mod inode;
 mod jobs;
 mod limits;
+mod locks;
+mod lockserv;
 mod region;
 mod writeback;
 
@@ -142,6 +144,8 @@ struct Shared {
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     stop: AtomicBool,
     limits: Limits,
+    /// Byte-range and `flock` locks of every client.
+    locks: lockserv::Locks,
 }
 
 /// A running file server; [`Server::shutdown`] (or dropping it) stops it.
@@ -188,6 +192,7 @@ impl Server {
             conns: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
             limits,
+            locks: Default::default(),
             cfg,
         });
         let mut threads = Vec::new();
@@ -412,6 +417,7 @@ impl Shared {
         conn.ep.close();
         self.conns.write().remove(&conn.ep.id());
         self.export.disconnect(&conn.client);
+        self.drop_client_locks(conn);
         if let Some((Role::Meta, session)) = conn.session() {
             let data: Vec<Arc<Conn>> = self
                 .conns
@@ -573,7 +579,9 @@ impl Shared {
             }
         };
         let op = req.op();
-        let reply = self.export.handle(&conn.client, req);
+        let Some(reply) = self.dispatch(conn, id, req) else {
+            return; // a lock wait, answered when granted
+        };
         let msg = match encode_reply(id, op, &reply) {
             Ok(m) => m,
             Err(e) => {
