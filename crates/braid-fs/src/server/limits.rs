@@ -24,6 +24,20 @@ use std::time::Duration;
 
 use crate::proto::Errno;
 
+/// `tracing::warn!` at most once a second per call site (`braid::throttle::LogThrottle`),
+/// with the number of lines held back since (`held_back`): a peer that can make the server
+/// warn once per connection or request cannot flood its log.
+macro_rules! warn_limited {
+    ($($arg:tt)+) => {{
+        static LIMIT: braid::throttle::LogThrottle =
+            braid::throttle::LogThrottle::new(std::time::Duration::from_secs(1));
+        if let Some(held_back) = LIMIT.allow() {
+            tracing::warn!(held_back, $($arg)+);
+        }
+    }};
+}
+pub(crate) use warn_limited;
+
 /// Descriptors one endpoint may cost per rail: its socket, and on the same host its ring's
 /// memory file and doorbell; a meta endpoint's buffers are two memory files more.
 pub(crate) const FDS_PER_ENDPOINT_RAIL: u64 = 4;

@@ -46,7 +46,7 @@ use crate::proto::{
 use conn::{Buffers, Conn, HELLO, HELLO_LEN, RECV, SEND};
 use export::Export;
 pub use filetype::ExportPolicy;
-use limits::{HELLO_DEADLINE, Limits};
+use limits::{HELLO_DEADLINE, Limits, warn_limited};
 
 /// How a server is set up.
 #[derive(Debug, Clone)]
@@ -277,19 +277,18 @@ impl Shared {
                 Err(braid::Error::Timeout(_)) => continue,
                 Err(e) => {
                     if !self.stop.load(Ordering::Acquire) {
-                        braid::warn_limited!("accept failed: {e}");
+                        warn_limited!("accept failed: {e}");
                         // Out of descriptors: wait for some to be closed, never spin.
-                        if matches!(&e, braid::Error::Io(io) if matches!(io.raw_os_error(),
-                            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)))
+                        if matches!(&e, braid::Error::Io(io) if braid::throttle::out_of_descriptors(io))
                         {
-                            std::thread::sleep(Duration::from_millis(100));
+                            std::thread::sleep(braid::throttle::ACCEPT_BACKOFF);
                         }
                     }
                     continue;
                 }
             };
             if !self.make_room() {
-                braid::warn_limited!(
+                warn_limited!(
                     "refusing an endpoint: {} connected, all of them clients",
                     self.limits.endpoints
                 );
@@ -300,7 +299,7 @@ impl Shared {
             let conn = match Conn::new(&self.ctx, ep) {
                 Ok(c) => c,
                 Err(e) => {
-                    braid::warn_limited!("setting up an endpoint failed: {e}");
+                    warn_limited!("setting up an endpoint failed: {e}");
                     continue;
                 }
             };
@@ -309,7 +308,7 @@ impl Shared {
             match conn.post_hello() {
                 Ok(()) => tracing::debug!(endpoint = id, "client endpoint connected"),
                 Err(e) => {
-                    braid::warn_limited!("posting the hello receive failed: {e}");
+                    warn_limited!("posting the hello receive failed: {e}");
                     self.drop_conn(&conn);
                 }
             }
@@ -332,7 +331,7 @@ impl Shared {
         };
         match oldest {
             Some(c) => {
-                braid::warn_limited!(
+                warn_limited!(
                     endpoint = c.ep.id(),
                     "closing the oldest endpoint without a hello: {} endpoints connected",
                     self.limits.endpoints
@@ -354,7 +353,7 @@ impl Shared {
             .cloned()
             .collect();
         for c in silent {
-            braid::warn_limited!(
+            warn_limited!(
                 endpoint = c.ep.id(),
                 "closing an endpoint that said no hello within {:?}",
                 self.cfg.hello_timeout
@@ -398,7 +397,7 @@ impl Shared {
             }
             CompletionKind::Send => {} // the hello reply
             other => {
-                braid::warn_limited!(
+                warn_limited!(
                     endpoint = c.endpoint,
                     ?other,
                     "unexpected completion; closing"
@@ -449,7 +448,7 @@ impl Shared {
         let (id, req) = match decode_request(&bytes) {
             Ok(x) => x,
             Err(e) => {
-                braid::warn_limited!(endpoint = c.endpoint, "bad hello: {e}; closing");
+                warn_limited!(endpoint = c.endpoint, "bad hello: {e}; closing");
                 return self.drop_conn(conn);
             }
         };
@@ -459,7 +458,7 @@ impl Shared {
             session,
         } = req
         else {
-            braid::warn_limited!(
+            warn_limited!(
                 endpoint = c.endpoint,
                 "first message is not a hello; closing"
             );
@@ -480,7 +479,7 @@ impl Shared {
                 conn.ep.send(HELLO, &[sge]).map_err(|e| e.to_string())
             });
         if let Err(e) = sent {
-            braid::warn_limited!(endpoint = c.endpoint, "hello reply failed: {e}");
+            warn_limited!(endpoint = c.endpoint, "hello reply failed: {e}");
             return self.drop_conn(conn);
         }
         if refused {
@@ -502,12 +501,12 @@ impl Shared {
         let session = match role {
             Role::Meta => {
                 if self.meta_clients() >= self.cfg.max_clients {
-                    braid::warn_limited!("refusing a client: {} connected", self.cfg.max_clients);
+                    warn_limited!("refusing a client: {} connected", self.cfg.max_clients);
                     return Err(Errno::EAGAIN);
                 }
                 let bufs =
                     Buffers::new(&self.ctx, self.cfg.max_outstanding.max(1)).map_err(|e| {
-                        braid::warn_limited!("allocating client buffers failed: {e}");
+                        warn_limited!("allocating client buffers failed: {e}");
                         Errno::ENOMEM
                     })?;
                 let slots = bufs.slots;
@@ -574,7 +573,7 @@ impl Shared {
         let (id, req) = match decode_request(&bytes) {
             Ok(x) => x,
             Err(e) => {
-                braid::warn_limited!(endpoint = conn.ep.id(), "malformed request: {e}; closing");
+                warn_limited!(endpoint = conn.ep.id(), "malformed request: {e}; closing");
                 return self.drop_conn(conn);
             }
         };
@@ -585,12 +584,12 @@ impl Shared {
         let msg = match encode_reply(id, op, &reply) {
             Ok(m) => m,
             Err(e) => {
-                braid::warn_limited!("encoding the reply to {op:?}: {e}");
+                warn_limited!("encoding the reply to {op:?}: {e}");
                 encode_reply(id, op, &Err(Errno::EIO)).unwrap_or_default()
             }
         };
         if bufs.send_reply(&conn.ep, msg).is_err() {
-            braid::warn_limited!(
+            warn_limited!(
                 endpoint = conn.ep.id(),
                 "a reply could not be sent (connection failed, or the client exceeded its outstanding requests); closing"
             );
