@@ -37,7 +37,7 @@ cargo build --release -q --workspace --all-targets
 cc -O2 -Wall -Wextra -I include examples/c/exs_braid.c -o "$OUT/exs_braid" -L target/release -lexs
 export LD_LIBRARY_PATH="$ROOT/target/release${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-if ! "$B" testbed up --name "$NAME" --rails 4; then
+if ! "$B" testbed up --name "$NAME" --rail-count 4; then
     echo "SKIP: cannot create the testbed"
     exit 0
 fi

@@ -383,7 +383,7 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
     install_signal_flag();
     let n = opts.rates.len();
     if n == 0 || n > 250 {
-        bail!("--rails must be 1..250");
+        bail!("--rail-count must be 1..250");
     }
     let exe = std::env::current_exe().context("finding the braid executable")?;
     let dir = std::env::temp_dir().join(format!("braid-demo-{}", std::process::id()));

@@ -428,10 +428,10 @@ impl World {
                 return Err(e);
             }
             let rails = &self.rails[peer];
-            let err = |source| BootError::Connect {
+            let err = |error| BootError::Connect {
                 peer,
                 rails: rails_text(rails),
-                source,
+                error,
             };
             if rails.is_empty() {
                 return Err(self.cause_of(err(braid::Error::InvalidArgument(

@@ -237,7 +237,11 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
         + t * (2 * a.depth * slot_len + a.depth * a.max_size + a.max_size);
     let rss_bound_mb = a.max_rss_mb.unwrap_or(((2 * planned) >> 20) as u64 + 256);
 
-    let net = Net::new(a.rails, a.rate, a.loopback)?;
+    let net = Net::new(
+        a.rails,
+        a.rate.shaped("use --loopback for unshaped rails")?,
+        a.loopback,
+    )?;
     let cfg = session_config(peer_timeout);
     // Server queues: receives only. Client: one send queue shared by every endpoint.
     let sctx_cq_cap = n * RECVS_PER_EP + 16;
