@@ -185,3 +185,49 @@ fn an_unmount_from_outside_is_one_line_without_colour() {
         "no debug line to check for colour: {rest}"
     );
 }
+
+/// The demo, in a pipe, says what it measured as it goes (a line per cell).
+#[test]
+fn the_demo_reports_progress_in_a_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("d.svg");
+    let mut child = Command::new(EXE)
+        .args([
+            "demo",
+            "--loopback",
+            "--rail-count",
+            "1",
+            "-D",
+            "0.2",
+            "--sizes",
+            "64K",
+            "--chart",
+        ])
+        .arg(&chart)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let code = wait_bounded(&mut child, Duration::from_secs(90));
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    for (i, cell) in ["tcp 1", "trunking 1", "trunking 1", "rma 1", "rma 1"]
+        .iter()
+        .enumerate()
+    {
+        let prefix = format!("braid demo: {}/5 {cell} rail(s) ", i + 1);
+        assert!(
+            err.lines().any(|l| l.starts_with(&prefix)),
+            "{prefix}: {err}"
+        );
+    }
+    assert!(!err.contains('\x1b'), "{err:?}");
+}
