@@ -1,4 +1,4 @@
-//! `braid`: the command-line front end (testbed, baselines, demo, bench).
+//! `braid`: the command-line front end (run, fs, bench, baseline, demo, soak, testbed).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,7 +23,8 @@ mod fs_cmd;
 #[cfg(test)]
 mod cli_check;
 
-/// braid: RMA striped over several Ethernet NICs — testbed, baselines, benchmarks, demo.
+/// braid: RMA striped over several Ethernet NICs — launch jobs (run), a remote file
+/// service (fs), benchmarks and baselines, the demo, soaks, an emulated testbed.
 #[derive(Parser, Debug)]
 #[command(name = "braid", version, about, after_help = CONVENTIONS)]
 struct Cli {
@@ -55,7 +56,7 @@ Exit status:
   128+N    braid run: ended by signal N, or a rank was killed by it
   other    braid run: the exit status of the first rank that failed
 
-Logs: RUST_LOG (default warn) to stderr; colour only when stderr is a terminal.";
+Logs: RUST_LOG (default warn,fuser=error) to stderr; colour only when stderr is a terminal.";
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
