@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// Microseconds an idle worker busy-polls before sleeping.
     #[arg(long, value_name = "US", default_value_t = 20)]
     poll_spin_us: u64,
+    /// Serve on non-loopback addresses without a cluster secret (no authentication: anyone
+    /// who reaches the port is served). As BRAID_INSECURE=1; prints a warning.
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// `braid fs mount`.
@@ -118,7 +122,9 @@ fn serve(a: &ServeArgs) -> Result<()> {
         bail!("--listen needs at least one address");
     }
     let stop = signal_flag()?;
-    let ctx = braid::Context::new()?;
+    let mut ccfg = braid::ContextConfig::from_env()?;
+    ccfg.insecure |= a.insecure;
+    let ctx = braid::Context::with_config(ccfg)?;
     let mut cfg = ServerConfig::new(&a.export, a.listen.iter().map(|s| (*s).into()).collect());
     cfg.read_only = a.read_only;
     cfg.workers = a.workers.clamp(1, 64);

@@ -92,6 +92,14 @@ enum Cmd {
     /// a standing testbed, with BRAID_RANK/SIZE/ROOT/JOB set; output prefixed by `[rank] `.
     /// Exit status: the first failing rank's, 124 on --timeout, 128+N on signal N.
     Run(RunArgs),
+    /// What braid sees and would use on this host: interfaces and rail addresses, usable
+    /// transports (with why one is not), every BRAID_* setting in effect, versions.
+    Info {
+        /// Print one JSON object instead of text (to FILE if given; `--json FILE` as
+        /// everywhere, bare `--json` is stdout).
+        #[arg(long, value_name = "JSON", num_args = 0..=1, default_missing_value = "-")]
+        json: Option<PathBuf>,
+    },
     /// Internal: the target process of `braid soak --kill-peer`.
     #[command(hide = true)]
     SoakPeer(braid_bench::soak::PeerArgs),
@@ -476,6 +484,21 @@ fn real_main() -> Result<()> {
             braid_bench::soak::main(&a)
         }
         Cmd::SoakPeer(a) => braid_bench::soak::peer_main(&a),
+        Cmd::Info { json } => {
+            let info = braid_cli::info::gather()?;
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&info)?;
+                if path.as_os_str() == "-" {
+                    println!("{text}");
+                } else {
+                    std::fs::write(&path, text + "\n")
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
+            } else {
+                print!("{}", braid_cli::info::render(&info));
+            }
+            Ok(())
+        }
         Cmd::Run(a) => {
             let opts = braid_cli::run::RunOpts {
                 ranks: a.ranks,

@@ -109,6 +109,33 @@ fn ring_of_three_on_loopback() {
     assert!(o.stdout.contains("token 6 ok"), "{}", o.stdout);
 }
 
+#[test]
+fn braid_run_gives_its_ranks_a_fresh_job_secret() {
+    let secret_of = || {
+        let o = run_bounded(
+            braid()
+                .env_remove("BRAID_SECRET")
+                .env_remove("BRAID_SECRET_FILE")
+                .args(["run", "-n", "2", "--timeout", "30", "--"])
+                .args(["sh", "-c", "echo secret=$BRAID_SECRET"]),
+            Duration::from_secs(60),
+        );
+        assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
+        let mut seen: Vec<String> = o
+            .stdout
+            .lines()
+            .filter_map(|l| l.split_once("secret=").map(|(_, s)| s.to_string()))
+            .collect();
+        assert_eq!(seen.len(), 2, "{}", o.stdout);
+        seen.dedup();
+        assert_eq!(seen.len(), 1, "both ranks get the same secret: {seen:?}");
+        seen.pop().unwrap()
+    };
+    let (a, b) = (secret_of(), secret_of());
+    assert_eq!(a.len(), 64, "{a:?}");
+    assert_ne!(a, b, "every job has its own secret");
+}
+
 /// A shell rank script: every rank but `bad` writes its pid into DIR/pid.N and sleeps; rank
 /// `bad` waits (bounded by braid run's timeout) until the others have, then exits 3.
 fn failing_job_script(dir: &std::path::Path, n: usize, bad: usize) -> String {
@@ -398,7 +425,8 @@ fn without_braid_vars(cmd: &mut Command) -> &mut Command {
 }
 
 /// `mpirun -n 4 --host h0:2,h1:2 ring` across two testbed hosts, as a user types it on a
-/// cluster: no `BRAID_*` variable; the rendezvous comes from Open MPI's environment.
+/// cluster: no `BRAID_ROOT` (only the job's secret); the rendezvous comes from Open MPI's
+/// environment.
 #[test]
 fn mpirun_across_testbed_hosts() {
     if skip_reason().is_some() {
@@ -431,6 +459,8 @@ fn mpirun_across_testbed_hosts() {
             .arg("--host")
             .arg(format!("{}:2,{}:2", tb.host_ns(0), tb.host_ns(1)))
             .args(["-n", "4"])
+            // The job's secret, to every rank (a job across hosts needs one); no BRAID_ROOT.
+            .args(["-x", "BRAID_SECRET=mpirun-test-secret-0123456789abcdef"])
             .arg(&ring),
         Duration::from_secs(120),
     );
@@ -450,7 +480,8 @@ fn mpirun_across_testbed_hosts() {
 
 /// Four ranks on two testbed hosts started by hand with the variables `srun -N 2 -n 4`
 /// sets (Slurm's task ids, job and step ids, the compact node list), and host names that
-/// resolve through a private `/etc/hosts` as a cluster's DNS would: no `BRAID_*` variable.
+/// resolve through a private `/etc/hosts` as a cluster's DNS would: no `BRAID_ROOT` (only
+/// the job's secret).
 #[test]
 fn slurm_environment_across_testbed_hosts() {
     if skip_reason().is_some() {
@@ -495,7 +526,8 @@ fn slurm_environment_across_testbed_hosts() {
                 .env("SLURM_STEP_NUM_NODES", "2")
                 .env("SLURM_STEP_NUM_TASKS", "4")
                 .env("SLURM_TASKS_PER_NODE", "2(x2)")
-                .env("SLURMD_NODENAME", tb.host_ns(node));
+                .env("SLURMD_NODENAME", tb.host_ns(node))
+                .env("BRAID_SECRET", format!("slurm-test-secret-{job}"));
             std::thread::spawn(move || run_bounded(&mut cmd, Duration::from_secs(90)))
         })
         .collect();

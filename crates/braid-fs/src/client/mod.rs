@@ -22,6 +22,7 @@
 //! ```
 
 mod api;
+mod coord;
 mod data;
 mod file;
 mod rpc;

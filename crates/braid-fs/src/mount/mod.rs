@@ -19,8 +19,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod coord;
 mod dirview;
 mod fs;
+mod fs_helpers;
 mod known;
 mod pool;
 mod shared;

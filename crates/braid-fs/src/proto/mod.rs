@@ -20,11 +20,13 @@
 
 mod codec;
 mod errno;
+mod lock;
 mod message;
 mod reply;
 mod types;
 
 pub use errno::Errno;
+pub use lock::{LockKind, LockRange, LockRequest};
 pub use message::{
     COMMIT_DATASYNC, COMMIT_SYNC, COMMIT_TOUCH, Header, Op, Request, Role, decode_header,
     decode_request, encode_request,
@@ -35,7 +37,7 @@ pub use types::{
 };
 
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// First two bytes of every message.
 pub const MAGIC: u16 = 0x4642;
 /// Bytes of the header.

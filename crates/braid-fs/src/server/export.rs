@@ -20,6 +20,9 @@ use crate::proto::{
     Mapped, NodeId, Opened, Reply, Request, SetAttr, StatFs, TimeSet,
 };
 
+#[path = "append.rs"]
+mod append;
+
 /// Most open files and directories one client may hold.
 const MAX_HANDLES: usize = 1 << 16;
 
@@ -173,6 +176,11 @@ impl Export {
     /// Objects in the inode table (for tests and logs).
     pub(crate) fn inode_count(&self) -> usize {
         self.table.len()
+    }
+
+    /// The object open as `fh` (the lock table's key for it).
+    pub(crate) fn open_file_id(&self, cs: &Mutex<ClientState>, fh: u64) -> Result<u64, Errno> {
+        Ok(cs.lock().file(fh)?.inode.id)
     }
 
     /// Releases everything a client held.
@@ -504,6 +512,11 @@ impl Export {
             Request::ReleaseDir { dh } => {
                 cs.lock().dirs.remove(&dh).ok_or(Errno::EBADF)?;
                 Ok(Reply::Empty)
+            }
+            Request::Append { fh, data, reserve } => self.append(cs, fh, &data, reserve),
+            // Answered by the server's lock table (`server/lockserv.rs`).
+            Request::GetLock(_) | Request::SetLock(_) | Request::SetLockWait(_) => {
+                Err(Errno::EPROTO)
             }
             Request::StatFs => {
                 let root = self.table.get(self.root()?.node)?;

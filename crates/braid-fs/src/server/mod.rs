@@ -19,6 +19,8 @@ mod conn;
 mod export;
 mod inode;
 mod jobs;
+mod locks;
+mod lockserv;
 mod region;
 mod writeback;
 
@@ -116,6 +118,8 @@ struct Shared {
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     stop: AtomicBool,
     next_session: AtomicU64,
+    /// Byte-range and `flock` locks of every client.
+    locks: lockserv::Locks,
 }
 
 /// A running file server; [`Server::shutdown`] (or dropping it) stops it.
@@ -150,6 +154,7 @@ impl Server {
             conns: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
             next_session: AtomicU64::new(1),
+            locks: Default::default(),
             cfg,
         });
         let mut threads = Vec::new();
@@ -308,6 +313,7 @@ impl Shared {
         conn.ep.close();
         self.conns.write().remove(&conn.ep.id());
         self.export.disconnect(&conn.client);
+        self.drop_client_locks(conn);
         if let Some((Role::Meta, session)) = conn.session() {
             let data: Vec<Arc<Conn>> = self
                 .conns
@@ -453,7 +459,9 @@ impl Shared {
             }
         };
         let op = req.op();
-        let reply = self.export.handle(&conn.client, req);
+        let Some(reply) = self.dispatch(conn, id, req) else {
+            return; // a lock wait, answered when granted
+        };
         let msg = match encode_reply(id, op, &reply) {
             Ok(m) => m,
             Err(e) => {
