@@ -4,7 +4,10 @@
 //! subprocess in host 0 (both the current executable, under `ip netns exec`), tears the
 //! testbed down (the guard also does so on error or Ctrl-C), and prints the table: for 1..N
 //! NICs one plain TCP stream, N parallel TCP streams, trunking and braid RMA write, against
-//! the shaped rate and the TCP framing limit.
+//! the shaped rate and the TCP framing limit. After a shaped run, trunking and rma run once
+//! more at the largest rail count on a testbed without tbf (skipped with `--no-unshaped`):
+//! shaped, both reach the rate and differ only in the receiver's CPU per GB; unshaped, the
+//! CPUs are the limit and the reorder copy shows in goodput.
 //!
 //! The rma column runs `braid bench server` / `braid bench write` (see [`Runner::run_rma`]); while
 //! `bench` does not exist its cells print "n/a" with the error.
@@ -49,7 +52,14 @@ pub struct DemoOpts {
     /// Testbed rails without tbf (`--rate none`): the CPUs are the limit, as on 10-100 GbE
     /// NICs; efficiency is then relative to rails x the 1-stream TCP goodput.
     pub unshaped: bool,
+    /// After a shaped run, measure trunking and rma once more at the largest rail count on
+    /// unshaped rails (where the saved copy shows in goodput), for [`UNSHAPED_DURATION`] at most.
+    pub unshaped_run: bool,
 }
+
+/// Longest measurement of the extra unshaped run: it only has to show which mode the CPUs
+/// favour, and it must not lengthen the demo by more than a few seconds.
+pub const UNSHAPED_DURATION: Duration = Duration::from_millis(1500);
 
 /// One measurement's figures, as read from a client's JSON.
 #[derive(Debug, Clone, Deserialize)]
@@ -369,6 +379,100 @@ pub fn rma_depth(size: usize) -> usize {
     ((16usize << 20) / size.max(1)).clamp(16, 1000)
 }
 
+/// The row of one measurement's outcome; an error is kept as its text.
+fn outcome_row(
+    mode: &str,
+    k: usize,
+    size: usize,
+    mtu: u32,
+    res: Result<Measurement>,
+    shaped_mb_s: Option<f64>,
+    framing_mb_s: Option<f64>,
+) -> Row {
+    let mut row = Row {
+        rails: k,
+        mode: mode.into(),
+        mtu,
+        size,
+        goodput_mb_s: None,
+        shaped_mb_s,
+        framing_mb_s,
+        efficiency: None,
+        msg_rate: None,
+        client_cpu_s_per_gb: None,
+        server_cpu_s_per_gb: None,
+        error: None,
+    };
+    match res {
+        Ok(m) => {
+            row.goodput_mb_s = Some(m.bw_mb_s);
+            row.msg_rate = m.msg_rate;
+            row.client_cpu_s_per_gb = m.client_cpu_s_per_gb;
+            row.server_cpu_s_per_gb = m.server_cpu_s_per_gb;
+        }
+        Err(e) => {
+            let msg = format!("{e:#}");
+            tracing::debug!("{mode} {k} rails {size} B: {msg}");
+            row.error = Some(msg);
+        }
+    }
+    row
+}
+
+/// One progress line (for a pipe or CI's log, where no bar is drawn).
+fn progress_line(what: &str, row: &Row) {
+    eprintln!(
+        "braid demo: {what} {} {} rail(s) {} B: {}",
+        row.mode,
+        row.rails,
+        row.size,
+        match (&row.goodput_mb_s, &row.error) {
+            (Some(g), _) => format!("{g:.1} MB/s"),
+            (None, Some(e)) => format!("failed: {e}"),
+            (None, None) => "no result".into(),
+        }
+    );
+}
+
+/// trunking and rma at `n` rails and `size` on a fresh testbed without tbf, each for at most
+/// [`UNSHAPED_DURATION`]. The testbed is removed on return (its guard also does so on error).
+fn unshaped_run(opts: &DemoOpts, exe: &Path, dir: &Path, plain: bool) -> Result<Vec<Row>> {
+    let n = opts.rates.len();
+    let spec = TestbedSpec {
+        name: format!("braid-demo-{}-u", std::process::id()),
+        hosts: 2,
+        rates: opts.rates.clone(),
+        mtu: opts.mtu,
+        unshaped: true,
+    };
+    let tb = Testbed::up(&spec)?;
+    let env = Env::Netns(tb);
+    let mut runner = Runner {
+        env: &env,
+        exe: exe.to_path_buf(),
+        dir: dir.to_path_buf(),
+        duration: opts.duration.min(UNSHAPED_DURATION),
+        next_port: 19514,
+    };
+    let mut rows = Vec::new();
+    for mode in ["trunking", "rma"] {
+        let res = match mode {
+            "trunking" => runner.run_trunking(n, opts.size),
+            _ => runner.run_rma(n, opts.size),
+        };
+        check_interrupt()?;
+        let row = outcome_row(mode, n, opts.size, opts.mtu, res, None, None);
+        if plain {
+            progress_line("unshaped", &row);
+        }
+        rows.push(row);
+    }
+    if let Env::Netns(tb) = env {
+        tb.down()?;
+    }
+    Ok(rows)
+}
+
 /// Removes the scratch directory on every exit path (error, Ctrl-C).
 struct RemoveDir(PathBuf);
 
@@ -429,7 +533,7 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
     };
     let mut runner = Runner {
         env: &env,
-        exe,
+        exe: exe.clone(),
         dir: dir.clone(),
         duration: opts.duration,
         next_port: base,
@@ -478,52 +582,19 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
                 .map(|&r| framing_limit_mb_s(r, opts.mtu))
                 .sum::<f64>()
         });
-        let mut row = Row {
-            rails: k,
-            mode: mode.into(),
-            mtu: opts.mtu,
-            size,
-            goodput_mb_s: None,
-            shaped_mb_s,
-            framing_mb_s,
-            efficiency: None,
-            msg_rate: None,
-            client_cpu_s_per_gb: None,
-            server_cpu_s_per_gb: None,
-            error: None,
-        };
-        match res {
-            Ok(m) => {
-                row.goodput_mb_s = Some(m.bw_mb_s);
-                row.msg_rate = m.msg_rate;
-                row.client_cpu_s_per_gb = m.client_cpu_s_per_gb;
-                row.server_cpu_s_per_gb = m.server_cpu_s_per_gb;
-            }
-            Err(e) => {
-                let msg = format!("{e:#}");
-                tracing::debug!("{mode} {k} rails {size} B: {msg}");
-                if mode == "rma" && (msg.contains("before listening") || msg.contains("not built"))
-                {
-                    rma_missing = Some(msg.clone());
-                }
-                row.error = Some(msg);
-            }
+        let row = outcome_row(mode, k, size, opts.mtu, res, shaped_mb_s, framing_mb_s);
+        if mode == "rma"
+            && let Some(msg) = &row.error
+            && (msg.contains("before listening") || msg.contains("not built"))
+        {
+            rma_missing = Some(msg.clone());
         }
         if plain {
-            eprintln!(
-                "braid demo: {}/{cells} {mode} {k} rail(s) {size} B: {}",
-                rows.len() + 1,
-                match (&row.goodput_mb_s, &row.error) {
-                    (Some(g), _) => format!("{g:.1} MB/s"),
-                    (None, Some(e)) => format!("failed: {e}"),
-                    (None, None) => "no result".into(),
-                }
-            );
+            progress_line(&format!("{}/{cells}", rows.len() + 1), &row);
         }
         rows.push(row);
         pb.inc(1);
     }
-    pb.finish_and_clear();
     // Tear down before printing, so the namespaces are gone even if printing fails.
     let testbed_kind = match (netns, shaped) {
         (true, true) => "netns",
@@ -534,6 +605,23 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
         let removed = tb.down()?;
         tracing::info!(?removed, "testbed removed");
     }
+    // On shaped rails trunking and rma both reach the rate and differ only in CPU; unshaped,
+    // the CPUs are the limit and the reorder copy costs goodput. Best effort: a failure here
+    // is a line, not the loss of the table.
+    let unshaped_rows = if shaped && opts.unshaped_run {
+        pb.set_message(format!("unshaped trunking/rma {n} rails"));
+        match unshaped_run(opts, &exe, &dir, plain) {
+            Ok(rows) => rows,
+            Err(e) => {
+                check_interrupt()?;
+                println!("unshaped run skipped: {e:#}");
+                vec![]
+            }
+        }
+    } else {
+        vec![]
+    };
+    pb.finish_and_clear();
     let mut report = Report {
         testbed: testbed_kind.into(),
         efficiency_basis: match testbed_kind {
@@ -550,6 +638,7 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
         },
         table_size: opts.size,
         rows,
+        unshaped_rows,
     };
     report.fill_efficiency();
     println!("{}", report.table());

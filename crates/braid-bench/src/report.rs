@@ -48,6 +48,11 @@ pub struct Report {
     pub table_size: usize,
     /// Every measurement.
     pub rows: Vec<Row>,
+    /// trunking and rma at the largest rail count on testbed rails without tbf, after the
+    /// shaped table: there the CPUs are the limit, and direct placement's saved copy shows in
+    /// goodput. Empty when skipped (`--no-unshaped`) or when the main run is itself unshaped.
+    #[serde(default)]
+    pub unshaped_rows: Vec<Row>,
 }
 
 impl Report {
@@ -146,6 +151,7 @@ impl Report {
         for (m, e) in errs {
             let _ = writeln!(o, "{m}: n/a: {e}");
         }
+        self.unshaped_section(&mut o);
         // CPU cost, where known, as s per GB (client / server).
         let cpu: Vec<String> = ["tcp", "trunking", "rma"]
             .iter()
@@ -166,6 +172,38 @@ impl Report {
             );
         }
         o
+    }
+
+    /// The extra section of the unshaped rows, if any: goodput and CPU per GB per mode.
+    fn unshaped_section(&self, o: &mut String) {
+        let Some(first) = self.unshaped_rows.first() else {
+            return;
+        };
+        let _ = writeln!(
+            o,
+            "\nunshaped rails (no tbf: the CPUs are the limit), {} NICs, message size {} bytes:",
+            first.rails, first.size
+        );
+        let _ = writeln!(
+            o,
+            "{:>8} | {:>12} | {:>18} | {:>18}",
+            "mode", "goodput MB/s", "client CPU s/GB", "server CPU s/GB"
+        );
+        let _ = writeln!(o, "{}", "-".repeat(8 + 12 + 18 * 2 + 3 * 3));
+        let num = |v: Option<f64>, p: usize| v.map_or("n/a".into(), |v| format!("{v:.p$}"));
+        for r in &self.unshaped_rows {
+            let _ = writeln!(
+                o,
+                "{:>8} | {:>12} | {:>18} | {:>18}",
+                r.mode,
+                num(r.goodput_mb_s, 1),
+                num(r.client_cpu_s_per_gb, 2),
+                num(r.server_cpu_s_per_gb, 2)
+            );
+            if let Some(e) = &r.error {
+                let _ = writeln!(o, "{}: n/a: {}", r.mode, e.lines().next().unwrap_or(""));
+            }
+        }
     }
 
     /// `{"rows": [...], ...}` as pretty JSON.
@@ -212,6 +250,7 @@ mod tests {
                 row("trunking", 2, Some(200.0)),
                 row("rma", 2, None),
             ],
+            unshaped_rows: vec![],
         };
         r.fill_efficiency();
         assert!((r.find("tcp", 1, 4 << 20).unwrap().efficiency.unwrap() - 0.956).abs() < 1e-9);
@@ -237,6 +276,20 @@ mod tests {
         assert_eq!(rows[3]["goodput_mb_s"], serde_json::Value::Null);
         let back: Report = serde_json::from_value(v).unwrap();
         assert_eq!(back.rows, r.rows);
+        assert!(!t.contains("unshaped rails"), "{t}");
+
+        let mut u = row("rma", 2, Some(1234.5));
+        u.shaped_mb_s = None;
+        r.unshaped_rows = vec![row("trunking", 2, None), u];
+        let t = r.table();
+        assert!(t.contains("unshaped rails (no tbf"), "{t}");
+        assert!(t.contains("1234.5"), "{t}");
+        assert!(t.contains("0.70"), "{t}");
+        assert!(t.contains("trunking: n/a: bench is not built yet"), "{t}");
+        let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(v["unshaped_rows"].as_array().unwrap().len(), 2);
+        let back: Report = serde_json::from_value(v).unwrap();
+        assert_eq!(back.unshaped_rows, r.unshaped_rows);
     }
 
     #[test]
@@ -251,6 +304,7 @@ mod tests {
             rail_rates_bit_s: vec![],
             table_size: 4 << 20,
             rows: vec![a, b],
+            unshaped_rows: vec![],
         };
         r.fill_efficiency();
         assert_eq!(r.rows[1].efficiency, Some(0.75));

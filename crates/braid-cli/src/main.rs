@@ -282,6 +282,10 @@ struct DemoArgs {
     /// Use unshaped loopback rails even where namespaces work.
     #[arg(long)]
     loopback: bool,
+    /// Skip the extra unshaped run (trunking and rma at the largest rail count on rails
+    /// without tbf, up to 1.5 s each) that follows a shaped run.
+    #[arg(long)]
+    no_unshaped: bool,
 }
 
 fn secs(s: f64, what: &str) -> Result<Duration> {
@@ -461,6 +465,7 @@ fn real_main() -> Result<()> {
                 chart: a.chart,
                 loopback: a.loopback,
                 unshaped: a.shape.unshaped(),
+                unshaped_run: !a.no_unshaped,
             };
             demo::run(&opts).map(|_| ())
         }
