@@ -17,6 +17,7 @@
 
 mod conn;
 mod export;
+mod handles;
 mod inode;
 mod jobs;
 mod locks;
