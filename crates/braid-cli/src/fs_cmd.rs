@@ -32,24 +32,36 @@ pub struct ServeArgs {
     #[arg(long)]
     export: PathBuf,
     /// Addresses to listen on, IP[:PORT] (default port 18515), one per rail.
-    #[arg(long, value_parser = parse::parse_addrs)]
+    #[arg(long, value_name = "IP[:PORT],...", value_parser = parse::parse_addrs)]
     listen: std::vec::Vec<std::net::SocketAddrV4>,
     /// Refuse every change (EROFS) and register file pages read-only.
     #[arg(long)]
     read_only: bool,
+    /// Let clients create block and character device nodes (never opened for data by the
+    /// server either way). Off: such a mknod fails with EPERM, as on an NFS `nodev` export.
+    #[arg(long)]
+    allow_devices: bool,
+    /// Keep set-user-id bits (and set-group-id bits of files) that clients set. Off: they
+    /// are cleared, as an NFS `nosuid` export makes them meaningless.
+    #[arg(long)]
+    allow_setuid: bool,
     /// Threads carrying out requests.
     #[arg(long, default_value_t = 4)]
     workers: usize,
     /// Microseconds an idle worker busy-polls before sleeping.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, value_name = "US", default_value_t = 20)]
     poll_spin_us: u64,
+    /// Serve on non-loopback addresses without a cluster secret (no authentication: anyone
+    /// who reaches the port is served). As BRAID_INSECURE=1; prints a warning.
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// `braid fs mount`.
 #[derive(Args, Debug)]
 pub struct MountArgs {
     /// Rails: LOCAL=REMOTE[:PORT][,...], as for `braid bench`.
-    #[arg(long, value_parser = parse::parse_rails)]
+    #[arg(long, value_name = "LOCAL=REMOTE[:PORT],...", value_parser = parse::parse_rails)]
     rails: std::vec::Vec<RailSpec>,
     /// Seconds the kernel caches attributes.
     #[arg(long, default_value_t = 1.0)]
@@ -76,7 +88,7 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 8192)]
     readahead_kib: u32,
     /// Microseconds the completion thread busy-polls before sleeping.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, value_name = "US", default_value_t = 20)]
     poll_spin_us: u64,
     /// Microseconds a thread that sent a kernel request to the server polls for the reply
     /// (yielding the CPU between polls) before leaving it to the completion thread (0: never).
@@ -122,9 +134,15 @@ fn serve(a: &ServeArgs) -> Result<()> {
         bail!("--listen needs at least one address");
     }
     let stop = signal_flag()?;
-    let ctx = braid::Context::new()?;
+    let mut ccfg = braid::ContextConfig::from_env()?;
+    ccfg.insecure |= a.insecure;
+    let ctx = braid::Context::with_config(ccfg)?;
     let mut cfg = ServerConfig::new(&a.export, a.listen.iter().map(|s| (*s).into()).collect());
     cfg.read_only = a.read_only;
+    cfg.policy = braid_fs::server::ExportPolicy {
+        allow_devices: a.allow_devices,
+        allow_setuid: a.allow_setuid,
+    };
     cfg.workers = a.workers.clamp(1, 64);
     cfg.poll_spin = Duration::from_micros(a.poll_spin_us.min(100_000));
     let server = Server::start(&ctx, cfg)?;
@@ -177,7 +195,15 @@ fn mount_cmd(a: &MountArgs) -> Result<()> {
     while !stop.load(Ordering::Acquire) && m.is_mounted() {
         std::thread::sleep(Duration::from_millis(100));
     }
-    eprintln!("braid fs: unmounting {}", a.mountpoint.display());
+    if m.is_mounted() {
+        eprintln!("braid fs: unmounting {}", a.mountpoint.display());
+    } else {
+        // `umount` or `fusermount3 -u` from outside: the normal end of a FUSE mount.
+        eprintln!(
+            "braid fs: {} was unmounted; exiting",
+            a.mountpoint.display()
+        );
+    }
     m.unmount().context("unmounting")?;
     Ok(())
 }

@@ -170,6 +170,9 @@ impl Cluster {
                 // hard mount, the default, waits for it to come back).
                 .args(["--timeout", "2"])
                 .env("RUST_LOG", "error")
+                // The server's (tb.command) secret: it listens on testbed addresses.
+                .env("BRAID_SECRET", testbed::harness_secret())
+                .env_remove("BRAID_SECRET_FILE")
                 .arg(&at)
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())

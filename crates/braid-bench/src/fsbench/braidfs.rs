@@ -64,6 +64,9 @@ impl BraidServer {
             .arg(export)
             .arg("--listen")
             .arg(listen.join(","))
+            // The suites test the semantics of a local file system, devices and set-user-id
+            // bits included (the export's defaults are nodev,nosuid).
+            .args(["--allow-devices", "--allow-setuid"])
             .env("BRAID_SECRET", secret)
             .env_remove("BRAID_SECRET_FILE")
             .stdin(Stdio::null())

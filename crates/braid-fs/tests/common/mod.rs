@@ -46,14 +46,20 @@ pub struct Loopback {
 
 impl Loopback {
     pub fn new(rails: usize) -> Loopback {
+        Loopback::with_config(rails, |_| {})
+    }
+
+    /// As [`Loopback::new`], with the server's configuration changed by `tweak`.
+    pub fn with_config(rails: usize, tweak: impl FnOnce(&mut ServerConfig)) -> Loopback {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("export")).unwrap();
         let ctx = Context::new().unwrap();
         let listen = (0..rails)
             .map(|i| format!("127.0.0.{}:0", i + 1).parse().unwrap())
             .collect();
-        let server =
-            Server::start(&ctx, ServerConfig::new(dir.path().join("export"), listen)).unwrap();
+        let mut cfg = ServerConfig::new(dir.path().join("export"), listen);
+        tweak(&mut cfg);
+        let server = Server::start(&ctx, cfg).unwrap();
         let rails = server
             .local_addrs()
             .iter()
