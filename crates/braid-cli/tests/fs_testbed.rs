@@ -166,6 +166,9 @@ impl Cluster {
             let mut child = Command::new("nsenter")
                 .arg(format!("--net=/run/netns/{}", self.tb.host_ns(h)))
                 .args([EXE, "fs", "mount", "--rails", &rails.join(",")])
+                // Soft: these tests want errors when the server or the network is gone (a
+                // hard mount, the default, waits for it to come back).
+                .args(["--timeout", "2"])
                 .env("RUST_LOG", "error")
                 // The server's (tb.command) secret: it listens on testbed addresses.
                 .env("BRAID_SECRET", testbed::harness_secret())

@@ -210,7 +210,10 @@ fn by_default_other_clients_names_show_at_once() {
 fn small_writes_are_on_the_server_at_close_or_close_fails() {
     require_fuse!();
     let mut lb = Loopback::new(1);
-    let m = lb.mount("m", |c| c.attr_timeout = Duration::from_secs(30));
+    // Soft: a hard mount (the default) waits for the server to come back instead.
+    let m = lb.mount_soft("m", Duration::from_secs(1), |c| {
+        c.attr_timeout = Duration::from_secs(30)
+    });
     let (root, exp) = (m.mountpoint().to_path_buf(), lb.export());
     for i in 0..100 {
         let p = root.join(format!("s{i}"));

@@ -476,7 +476,8 @@ fn write_only_opens_stay_coherent_and_clear_setuid() {
 fn server_gone_gives_errors_and_unmounts() {
     require_fuse!();
     let mut lb = Loopback::new(2);
-    let m = lb.mount("mnt", |_| {});
+    // Soft: a hard mount (the default) waits for the server to come back instead.
+    let m = lb.mount_soft("mnt", Duration::from_secs(1), |_| {});
     let p = m.mountpoint().join("f");
     let writer = std::thread::spawn(move || {
         let chunk = pattern(1 << 20, 1);

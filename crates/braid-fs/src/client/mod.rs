@@ -25,6 +25,7 @@ mod api;
 mod coord;
 mod data;
 mod file;
+mod reconnect;
 mod rpc;
 
 use std::collections::HashMap;
@@ -38,6 +39,7 @@ use parking_lot::Mutex;
 
 pub use api::{DirIter, File};
 pub use data::MAX_DATA_OPS;
+pub use reconnect::Reconnecting;
 pub use rpc::MAX_BACKLOG;
 
 use crate::proto::{self, Entry, Errno, HelloReply, MAX_MSG, NodeId, Op, Reply, Request, Role};
@@ -150,6 +152,10 @@ pub struct ClientConfig {
     /// zero: never): a reply read there wakes neither the progress engine nor the
     /// completion thread.
     pub reply_spin: Duration,
+    /// How long a [`Reconnecting`] client tries to connect again after its connection
+    /// failed before a call fails (NFS's `soft`); `None` (the default): for as long as it
+    /// takes (NFS's `hard`).
+    pub reconnect_timeout: Option<Duration>,
 }
 
 impl ClientConfig {
@@ -165,6 +171,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(10),
             poll_spin: Duration::from_micros(20),
             reply_spin: Duration::from_micros(300),
+            reconnect_timeout: None,
         }
     }
 }

@@ -27,7 +27,7 @@ use super::fs_helpers::{fill, timeset};
 use super::known::Known;
 use super::pool::Pool;
 use super::shared::{DirHandle, Handle, Shared, errno};
-use crate::client::Client;
+use crate::client::{Client, Reconnecting};
 use crate::proto::{COMMIT_DATASYNC, COMMIT_SYNC, Reply, Request, SetAttr};
 
 /// Small writes that grow a file travel inside a request (one round trip, no `MapRegion`).
@@ -46,7 +46,7 @@ impl BraidFs {
         let generation = client.root().node.generation;
         BraidFs {
             shared: Arc::new(Shared {
-                client,
+                client: Reconnecting::new(client),
                 generation,
                 attr_ttl: cfg.attr_timeout,
                 entry_ttl: cfg.entry_timeout,

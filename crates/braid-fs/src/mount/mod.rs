@@ -221,6 +221,17 @@ impl Mount {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether the connection to the server is up now (it is made again by itself when it
+    /// fails; see docs/FS.md, "Server restart").
+    pub fn server_connected(&self) -> bool {
+        self.shared.client.current().is_connected()
+    }
+
+    /// How many times the mount connected to the server again after losing it.
+    pub fn reconnects(&self) -> u64 {
+        self.shared.client.reconnects()
+    }
+
     /// False once the session ended (unmounted, also from outside with `umount`).
     pub fn is_mounted(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use super::dirview::{Answer, DirViews, MAX_NAMES};
 use super::known::Known;
 use super::pool::Pool;
-use crate::client::{Client, Error, FileState};
+use crate::client::{Error, FileState, Reconnecting};
 use crate::proto::{
     Attr, COMMIT_TOUCH, Creds, DirEntry, Entry, NodeId, Reply, Request, SetAttr, TimeSet, Timestamp,
 };
@@ -119,7 +119,8 @@ impl DirHandle {
 
 /// State the reply callbacks share with the request handlers.
 pub(crate) struct Shared {
-    pub(crate) client: Client,
+    /// Connects again by itself when the connection fails (`client/reconnect.rs`).
+    pub(crate) client: Reconnecting,
     pub(crate) generation: u64,
     pub(crate) attr_ttl: Duration,
     pub(crate) entry_ttl: Duration,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
+use super::handles;
 use super::region::FileRegions;
 use crate::proto::{Attr, Errno, NodeId, Timestamp};
 
@@ -118,26 +119,43 @@ struct Slot {
     refs: u64,
 }
 
-/// Ids to objects. Ids are never reused while the server runs.
+/// Ids to objects. An id is the object's inode number on the export's device (see
+/// `server/handles.rs`), so it survives a restart of the server; objects elsewhere get
+/// volatile ids, never reused while the server runs.
 pub(crate) struct InodeTable {
+    /// The export's tag: the generation of every handle (see [`handles::export_tag`]).
     generation: u64,
+    /// Random per server process: tells a client that the server restarted.
+    boot: u64,
+    /// `st_dev` and `st_ino` of the export root.
+    export_dev: u64,
+    root_ino: u64,
     inner: Mutex<TableInner>,
+    /// One search for a forgotten id at a time (each may read the whole export).
+    searching: Mutex<()>,
 }
 
 struct TableInner {
     by_id: HashMap<u64, Slot>,
     by_key: HashMap<(u64, u64), u64>,
-    next_id: u64,
+    next_volatile: u64,
+    /// Objects found by searching since the last sweep of unreferenced entries.
+    found: usize,
 }
 
+/// Unreferenced entries found by searching that may gather before they are swept.
+const MAX_FOUND: usize = 4096;
+
 impl InodeTable {
-    /// A table whose root is `root` (an `O_PATH` directory descriptor).
-    pub(crate) fn new(root: OwnedFd, generation: u64) -> Result<InodeTable, Errno> {
+    /// A table whose root is `root` (an `O_PATH` directory descriptor); `boot` is this
+    /// server process's random boot id.
+    pub(crate) fn new(root: OwnedFd, boot: u64) -> Result<InodeTable, Errno> {
         let st = rustix::fs::fstat(&root)?;
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             return Err(Errno::ENOTDIR);
         }
         let key = (st.st_dev, st.st_ino);
+        let generation = handles::export_tag(&st);
         let root = Arc::new(Inode {
             id: ROOT_ID,
             fd: root,
@@ -155,17 +173,28 @@ impl InodeTable {
         );
         Ok(InodeTable {
             generation,
+            boot,
+            export_dev: st.st_dev,
+            root_ino: st.st_ino,
             inner: Mutex::new(TableInner {
                 by_id,
                 by_key: HashMap::from([(key, ROOT_ID)]),
-                next_id: ROOT_ID + 1,
+                next_volatile: 1,
+                found: 0,
             }),
+            searching: Mutex::new(()),
         })
     }
 
-    /// The generation of this server's handles.
+    /// The generation of this export's handles (the same in every server process).
     pub(crate) fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// This server process's random boot id.
+    #[allow(dead_code)] // Sent to clients once the hello carries it.
+    pub(crate) fn boot(&self) -> u64 {
+        self.boot
     }
 
     /// The handle of an inode.
@@ -176,17 +205,56 @@ impl InodeTable {
         }
     }
 
-    /// The object a handle names; `ESTALE` for unknown ids or another generation.
+    /// The object a handle names; `ESTALE` for another export's handles and for objects
+    /// that no longer exist in the export. A persistent id this process never handed out
+    /// (one from before a restart) is found again by searching the export; it then holds
+    /// one lookup reference (the client's `Forget`s drop it).
     pub(crate) fn get(&self, node: NodeId) -> Result<Arc<Inode>, Errno> {
         if node.generation != self.generation {
             return Err(Errno::ESTALE);
         }
-        self.inner
-            .lock()
-            .by_id
-            .get(&node.id)
-            .map(|s| s.inode.clone())
-            .ok_or(Errno::ESTALE)
+        if let Some(s) = self.inner.lock().by_id.get(&node.id) {
+            return Ok(s.inode.clone());
+        }
+        if node.id & handles::VOLATILE != 0 || node.id <= ROOT_ID {
+            return Err(Errno::ESTALE);
+        }
+        let _one = self.searching.lock();
+        // Another search may have found it meanwhile.
+        if let Some(s) = self.inner.lock().by_id.get(&node.id) {
+            return Ok(s.inode.clone());
+        }
+        let root = self.get(NodeId {
+            id: ROOT_ID,
+            generation: self.generation,
+        })?;
+        match handles::find_beneath(&root.fd, self.export_dev, node.id)? {
+            Some(fd) => self.install_found(fd),
+            None => Err(Errno::ESTALE),
+        }
+    }
+
+    /// Keeps an object a search found, with no lookup reference: no client of this process
+    /// looked it up. Such entries are dropped once [`MAX_FOUND`] have gathered and nothing
+    /// uses them (a later request searches again).
+    fn install_found(&self, fd: OwnedFd) -> Result<Arc<Inode>, Errno> {
+        let (inode, _) = self.install(fd)?;
+        let mut t = self.inner.lock();
+        if let Some(slot) = t.by_id.get_mut(&inode.id) {
+            slot.refs -= 1;
+        }
+        t.found += 1;
+        if t.found > MAX_FOUND {
+            t.found = 0;
+            let before = t.by_id.len();
+            t.by_id
+                .retain(|_, s| s.refs > 0 || Arc::strong_count(&s.inode) > 1);
+            if t.by_id.len() != before {
+                let TableInner { by_id, by_key, .. } = &mut *t;
+                by_key.retain(|_, id| by_id.contains_key(id));
+            }
+        }
+        Ok(inode)
     }
 
     /// Adds one lookup reference to the object `fd` (an `O_PATH` descriptor) names, creating
@@ -201,8 +269,13 @@ impl InodeTable {
             slot.refs += 1;
             return Ok((slot.inode.clone(), attr_of(&st)));
         }
-        let id = t.next_id;
-        t.next_id += 1;
+        let id = match handles::persistent_id(self.export_dev, self.root_ino, key.0, key.1) {
+            Some(id) => id,
+            None => {
+                t.next_volatile += 1;
+                handles::VOLATILE | t.next_volatile
+            }
+        };
         let inode = Arc::new(Inode {
             id,
             fd,

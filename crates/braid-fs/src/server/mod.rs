@@ -21,6 +21,7 @@ mod filetype;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod handles;
 mod inode;
 mod jobs;
 mod limits;

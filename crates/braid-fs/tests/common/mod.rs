@@ -80,14 +80,37 @@ impl Loopback {
     pub fn mount(&self, name: &str, tweak: impl FnOnce(&mut MountConfig)) -> Mount {
         mount_rails(&self.rails, &self.dir.path().join(name), tweak)
     }
+
+    /// A mount whose calls fail once the server has been unreachable for `soft` (by default
+    /// they wait for it to come back).
+    #[allow(dead_code)] // Not every test binary uses it.
+    pub fn mount_soft(
+        &self,
+        name: &str,
+        soft: Duration,
+        tweak: impl FnOnce(&mut MountConfig),
+    ) -> Mount {
+        let at = self.dir.path().join(name);
+        connect_and_mount(&self.rails, &at, Some(soft), tweak)
+    }
 }
 
 /// Connects a client over `rails` and mounts it at `at` (created if missing).
 pub fn mount_rails(rails: &[RailAddr], at: &Path, tweak: impl FnOnce(&mut MountConfig)) -> Mount {
+    connect_and_mount(rails, at, None, tweak)
+}
+
+fn connect_and_mount(
+    rails: &[RailAddr],
+    at: &Path,
+    soft: Option<Duration>,
+    tweak: impl FnOnce(&mut MountConfig),
+) -> Mount {
     std::fs::create_dir_all(at).unwrap();
     let ctx = Context::new().unwrap();
     let mut cfg = ClientConfig::new(rails.to_vec());
     cfg.session.peer_timeout = Duration::from_secs(2);
+    cfg.reconnect_timeout = soft;
     let client = Client::connect(&ctx, &cfg).unwrap();
     let mut mc = MountConfig::new(at);
     mc.buffers = 16;
