@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 
 use braid_fs::client::{Client, ClientConfig};
 use braid_fs::mount::{MountConfig, mount};
-use braid_fs::server::{Server, ServerConfig};
+use braid_fs::server::{Server, ServerConfig, Squash};
 use braid_testbed::parse::{self, RailSpec};
 
 /// The file service's subcommands.
@@ -43,6 +43,19 @@ pub struct ServeArgs {
     /// Microseconds an idle worker busy-polls before sleeping.
     #[arg(long, default_value_t = 20)]
     poll_spin_us: u64,
+    /// Trust client root (NFS no_root_squash). By default a caller with uid 0 (group 0)
+    /// acts as the anonymous user (group).
+    #[arg(long, conflicts_with = "all_squash")]
+    no_root_squash: bool,
+    /// Every caller acts as the anonymous user and group (NFS all_squash).
+    #[arg(long)]
+    all_squash: bool,
+    /// The anonymous user squashed callers act as.
+    #[arg(long, default_value_t = braid_fs::server::ANON_ID)]
+    anon_uid: u32,
+    /// The anonymous group squashed callers act as.
+    #[arg(long, default_value_t = braid_fs::server::ANON_ID)]
+    anon_gid: u32,
 }
 
 /// `braid fs mount`.
@@ -123,10 +136,26 @@ fn serve(a: &ServeArgs) -> Result<()> {
     cfg.read_only = a.read_only;
     cfg.workers = a.workers.clamp(1, 64);
     cfg.poll_spin = Duration::from_micros(a.poll_spin_us.min(100_000));
+    cfg.squash = match (a.no_root_squash, a.all_squash) {
+        (_, true) => Squash::All,
+        (true, false) => Squash::None,
+        (false, false) => Squash::Root,
+    };
+    (cfg.anon_uid, cfg.anon_gid) = (a.anon_uid, a.anon_gid);
+    let squash = cfg.squash;
     let server = Server::start(&ctx, cfg)?;
     let addrs: Vec<String> = server.local_addrs().iter().map(|s| s.to_string()).collect();
+    let acting = match (server.acts_as_callers(), squash) {
+        (false, _) => format!(
+            "as uid {} for every caller (not root: cannot act as the callers)",
+            rustix::process::geteuid().as_raw()
+        ),
+        (true, Squash::None) => "as each caller, root trusted".into(),
+        (true, Squash::Root) => format!("as each caller, root as {}:{}", a.anon_uid, a.anon_gid),
+        (true, Squash::All) => format!("as {}:{} for every caller", a.anon_uid, a.anon_gid),
+    };
     eprintln!(
-        "braid fs: serving {} on {}{} (SIGINT or SIGTERM stops)",
+        "braid fs: serving {} on {}{}, {acting} (SIGINT or SIGTERM stops)",
         a.export.display(),
         addrs.join(","),
         if a.read_only { ", read-only" } else { "" }

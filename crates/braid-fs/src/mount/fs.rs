@@ -20,27 +20,18 @@ use fuser::{
 use parking_lot::Mutex;
 
 use super::MountConfig;
+use super::caller::{act_for, caller_of};
 use super::dirview::DirViews;
 use super::known::Known;
 use super::pool::Pool;
-use super::shared::{DirHandle, Handle, Shared, errno, kind};
-use crate::client::Client;
-use crate::proto::{
-    COMMIT_DATASYNC, COMMIT_SYNC, DirEntry, Reply, Request, SetAttr, TimeSet, Timestamp,
-};
+use super::shared::{DirHandle, Handle, Shared, errno, kind, timeset};
+use crate::client::{Client, act_as};
+use crate::proto::{COMMIT_DATASYNC, COMMIT_SYNC, DirEntry, Reply, Request, SetAttr};
 
 /// Small writes that grow a file travel inside a request (one round trip, no `MapRegion`).
 const INLINE_GROWTH_MAX: usize = 32 * 1024;
 /// How long a kernel request may wait for a free buffer.
 const BUFFER_WAIT: Duration = Duration::from_secs(30);
-
-fn timeset(t: Option<TimeOrNow>) -> TimeSet {
-    match t {
-        None => TimeSet::Omit,
-        Some(TimeOrNow::Now) => TimeSet::Now,
-        Some(TimeOrNow::SpecificTime(t)) => TimeSet::At(Timestamp::from_system_time(t)),
-    }
-}
 
 /// Adds entries to a kernel readdir reply until it is full.
 fn fill(entries: &[DirEntry], reply: &mut ReplyDirectory) {
@@ -149,7 +140,8 @@ impl Filesystem for BraidFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let name = Self::name(name);
         if s.is_absent(parent.0, &name) {
@@ -213,7 +205,7 @@ impl Filesystem for BraidFs {
 
     fn setattr(
         &self,
-        _req: &FuseReq,
+        req: &FuseReq,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -229,6 +221,8 @@ impl Filesystem for BraidFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        // A truncation may wait for writes in flight and go out from another thread.
+        let caller = caller_of(req);
         let s = self.shared.clone();
         let node = s.node(ino);
         let srv_fh = fh.and_then(|f| s.handle(f)).map_or(0, |h| h.fh);
@@ -246,6 +240,7 @@ impl Filesystem for BraidFs {
         let go = {
             let state = state.clone();
             move || {
+                let _caller = act_as(caller);
                 s.known.forget(&[node.id]);
                 let epoch = s.known.epoch();
                 let s2 = s.clone();
@@ -296,6 +291,7 @@ impl Filesystem for BraidFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let name = Self::name(name);
         s.known.forget(&[parent.0]);
@@ -321,6 +317,7 @@ impl Filesystem for BraidFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let name = Self::name(name);
         s.known.forget(&[parent.0]);
@@ -336,14 +333,16 @@ impl Filesystem for BraidFs {
             .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
-    fn unlink(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _caller = act_for(req);
         self.remove(parent, name, reply, |parent, name| Request::Unlink {
             parent,
             name,
         });
     }
 
-    fn rmdir(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _caller = act_for(req);
         self.remove(parent, name, reply, |parent, name| Request::Rmdir {
             parent,
             name,
@@ -358,6 +357,7 @@ impl Filesystem for BraidFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let name = Self::name(link_name);
         s.known.forget(&[parent.0]);
@@ -375,7 +375,7 @@ impl Filesystem for BraidFs {
 
     fn rename(
         &self,
-        _req: &FuseReq,
+        req: &FuseReq,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -383,6 +383,7 @@ impl Filesystem for BraidFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         s.known.forget_all();
         s.named(newparent.0, newname.as_bytes());
@@ -407,12 +408,13 @@ impl Filesystem for BraidFs {
 
     fn link(
         &self,
-        _req: &FuseReq,
+        req: &FuseReq,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         s.known.forget_all();
         s.named(newparent.0, newname.as_bytes());
@@ -426,7 +428,8 @@ impl Filesystem for BraidFs {
             .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
-    fn open(&self, _req: &FuseReq, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &FuseReq, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let node = s.node(ino);
         let f = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_APPEND);
@@ -654,7 +657,8 @@ impl Filesystem for BraidFs {
         self.shared.help(&done);
     }
 
-    fn opendir(&self, _req: &FuseReq, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &FuseReq, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         self.shared
             .call(&Request::OpenDir { node: s.node(ino) }, move |r| match r {
@@ -752,6 +756,7 @@ impl Filesystem for BraidFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let name = Self::name(name);
         s.known.forget(&[parent.0]);

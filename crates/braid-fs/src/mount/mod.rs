@@ -19,6 +19,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod caller;
 mod dirview;
 mod fs;
 mod known;

@@ -21,6 +21,15 @@ use crate::proto::{
     Attr, COMMIT_TOUCH, Creds, DirEntry, Entry, NodeId, Reply, Request, SetAttr, TimeSet, Timestamp,
 };
 
+/// A time the kernel asks to set, on the wire.
+pub(crate) fn timeset(t: Option<fuser::TimeOrNow>) -> TimeSet {
+    match t {
+        None => TimeSet::Omit,
+        Some(fuser::TimeOrNow::Now) => TimeSet::Now,
+        Some(fuser::TimeOrNow::SpecificTime(t)) => TimeSet::At(Timestamp::from_system_time(t)),
+    }
+}
+
 pub(crate) fn errno(e: &Error) -> fuser::Errno {
     fuser::Errno::from_i32(e.errno().raw())
 }

@@ -11,6 +11,7 @@ use braid::Context;
 use parking_lot::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, SeekFrom, Timespec, Timestamps};
 
+use super::creds::{self, acting_uid};
 use super::inode::{Inode, InodeTable, dev_from_wire, empty_path, open_beneath, os, resolve_flags};
 use super::jobs::JobThread;
 use super::region::FileRegions;
@@ -201,7 +202,9 @@ impl Export {
         self.install(cs, open_beneath(dir, name, false)?)
     }
 
-    /// Gives a new object to the caller and sets its exact mode.
+    /// Gives a new object to the caller and sets its exact mode. A thread acting as the
+    /// caller (`creds`) created it with the caller's ids already; only a root server that
+    /// does not switch gives it away here.
     fn own(
         &self,
         fd: impl AsFd,
@@ -209,7 +212,7 @@ impl Export {
         mode: u32,
         chmod_path: Option<&str>,
     ) -> Result<(), Errno> {
-        if self.as_root && (creds.uid != 0 || creds.gid != 0) {
+        if self.as_root && acting_uid().is_none() && (creds.uid != 0 || creds.gid != 0) {
             let st = rustix::fs::fstat(&fd)?;
             // A set-group-id directory already gave the object its group.
             let gid = if st.st_gid != 0 { st.st_gid } else { creds.gid };
@@ -392,7 +395,10 @@ impl Export {
                 if inode.is_dir() {
                     return Err(Errno::EPERM);
                 }
-                if self.as_root || inode.is_symlink() {
+                // A link by descriptor needs CAP_DAC_READ_SEARCH, which a thread acting as
+                // a non-root caller has not (nor a symlink's magic link: not done for them).
+                let privileged = self.as_root && acting_uid().is_none_or(|u| u == 0);
+                if privileged || inode.is_symlink() {
                     rustix::fs::linkat(&inode.fd, "", dir, os(&new_name)?, AtFlags::EMPTY_PATH)?;
                 } else {
                     let p = inode.proc_path()?;
@@ -716,10 +722,15 @@ impl Export {
             if inode.is_symlink() {
                 return Err(Errno::EOPNOTSUPP);
             }
-            rustix::fs::chmod(
-                inode.proc_path()?.as_str(),
-                Mode::from_raw_mode(mode & 0o7777),
-            )?;
+            let path = inode.proc_path()?;
+            let chmod = || rustix::fs::chmod(path.as_str(), Mode::from_raw_mode(mode & 0o7777));
+            let writer = file.is_some_and(|f| f.writable) || creds::may_write(inode);
+            if creds::only_clears_setid(inode.attr()?.mode, mode) && writer {
+                // A write's loss of the set-id bits, allowed to every writer, as locally.
+                creds::with_server_rights(chmod)?;
+            } else {
+                chmod()?;
+            }
         }
         if set.atime != TimeSet::Omit || set.mtime != TimeSet::Omit {
             let spec = |t: TimeSet| match t {

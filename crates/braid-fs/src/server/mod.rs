@@ -16,6 +16,7 @@
 //! ```
 
 mod conn;
+mod creds;
 mod export;
 mod inode;
 mod jobs;
@@ -37,6 +38,8 @@ use crate::proto::{
     self, Errno, HelloReply, MAX_MSG, Op, Reply, Request, Role, decode_request, encode_reply,
 };
 use conn::{Buffers, Conn, HELLO, HELLO_LEN, RECV, SEND};
+use creds::CallerMap;
+pub use creds::{ANON_ID, Squash};
 use export::Export;
 
 /// How a server is set up.
@@ -62,6 +65,14 @@ pub struct ServerConfig {
     /// waking the progress engine and then the worker. Longer spins cost CPU that, on a
     /// small host, the threads doing the work miss.
     pub poll_spin: Duration,
+    /// Which callers become the anonymous user (default [`Squash::Root`], as NFS's
+    /// `root_squash`). A server running as root carries each request out as its (mapped)
+    /// caller; see [`Server::acts_as_callers`].
+    pub squash: Squash,
+    /// The anonymous user squashed callers become (default [`ANON_ID`], `nobody`).
+    pub anon_uid: u32,
+    /// The anonymous group (default [`ANON_ID`]).
+    pub anon_gid: u32,
 }
 
 impl ServerConfig {
@@ -76,6 +87,9 @@ impl ServerConfig {
             max_outstanding: 32,
             session: braid::SessionConfig::default(),
             poll_spin: Duration::from_micros(20),
+            squash: Squash::Root,
+            anon_uid: ANON_ID,
+            anon_gid: ANON_ID,
         }
     }
 }
@@ -98,6 +112,7 @@ struct Shared {
     ctx: Context,
     cfg: ServerConfig,
     export: Export,
+    callers: CallerMap,
     cq: CompletionQueue,
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     stop: AtomicBool,
@@ -129,9 +144,18 @@ impl Server {
         let per_client = 2 * cfg.max_outstanding.max(1) + 4;
         let cq = ctx.create_cq(cfg.max_clients.max(1) * 2 * per_client + 64);
         cq.set_spin(cfg.poll_spin);
+        let callers = CallerMap::new(cfg.squash, cfg.anon_uid, cfg.anon_gid);
+        if !callers.switches() {
+            tracing::warn!(
+                "not running as root (no CAP_SETUID and CAP_SETGID): every request is carried \
+                 out as uid {}, whoever the caller is; permissions are this user's",
+                rustix::process::geteuid().as_raw()
+            );
+        }
         let shared = Arc::new(Shared {
             ctx: ctx.clone(),
             export,
+            callers,
             cq,
             conns: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
@@ -170,6 +194,12 @@ impl Server {
     /// Endpoints connected now (a client has two: requests and data).
     pub fn endpoints(&self) -> usize {
         self.shared.conns.read().len()
+    }
+
+    /// Whether requests are carried out as their callers (a server running as root), not
+    /// as the server's own user.
+    pub fn acts_as_callers(&self) -> bool {
+        self.shared.callers.switches()
     }
 
     /// Objects the server holds handles for (the root included).
@@ -322,7 +352,7 @@ impl Shared {
             Ok(b) => b,
             Err(_) => return self.drop_conn(conn),
         };
-        let (id, req) = match decode_request(&bytes) {
+        let (id, _caller, req) = match decode_request(&bytes) {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(endpoint = c.endpoint, "bad hello: {e}; closing");
@@ -431,7 +461,7 @@ impl Shared {
         if conn.repost(slot).is_err() {
             return self.drop_conn(conn);
         }
-        let (id, req) = match decode_request(&bytes) {
+        let (id, caller, req) = match decode_request(&bytes) {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(endpoint = conn.ep.id(), "malformed request: {e}; closing");
@@ -439,7 +469,10 @@ impl Shared {
             }
         };
         let op = req.op();
-        let reply = self.export.handle(&conn.client, req);
+        let reply = match self.callers.enter(&caller, &req) {
+            Ok(_acting) => self.export.handle(&conn.client, req),
+            Err(e) => Err(e),
+        };
         let msg = match encode_reply(id, op, &reply) {
             Ok(m) => m,
             Err(e) => {
@@ -457,5 +490,7 @@ impl Shared {
     }
 }
 
+#[cfg(test)]
+mod creds_tests;
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use braid::{Context, RailAddr};
 use braid_fs::client::{Client, ClientConfig};
 use braid_fs::mount::{Mount, MountConfig, mount};
-use braid_fs::server::{Server, ServerConfig};
+use braid_fs::server::{Server, ServerConfig, Squash};
 
 /// Why FUSE mounts cannot be tested here, if they cannot.
 pub fn fuse_skip_reason() -> Option<String> {
@@ -52,8 +52,10 @@ impl Loopback {
         let listen = (0..rails)
             .map(|i| format!("127.0.0.{}:0", i + 1).parse().unwrap())
             .collect();
-        let server =
-            Server::start(&ctx, ServerConfig::new(dir.path().join("export"), listen)).unwrap();
+        let mut cfg = ServerConfig::new(dir.path().join("export"), listen);
+        // The tests run as root and own the export: trust root, as NFS's no_root_squash.
+        cfg.squash = Squash::None;
+        let server = Server::start(&ctx, cfg).unwrap();
         let rails = server
             .local_addrs()
             .iter()
