@@ -70,6 +70,8 @@ t truncate_world truncate -s 1 world
 t make_in_root touch new
 t mkdir_in_root mkdir newdir
 t make_mine touch home/mine
+t write_read_mine sh -c 'echo hello > home/data && cat home/data && test "$(cat home/data)" = hello'
+s home/data
 t chmod_mine chmod 4755 home/mine
 s home/mine
 t chown_mine_away chown 65532 home/mine
@@ -127,6 +129,8 @@ fn a_non_root_user_meets_the_same_refusals_as_on_a_local_directory() {
     for line in [
         "read_private 1 Permission denied",
         "read_group 0 ",
+        "write_read_mine 0 ",
+        "home/data 65533 65533 644 regular file",
         "read_group_no 1 Permission denied",
         "chmod_others 1 Operation not permitted",
         "unlink_sticky_others 1 Operation not permitted",

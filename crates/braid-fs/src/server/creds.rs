@@ -105,7 +105,16 @@ impl CallerMap {
     /// Maps callers with `squash` onto `anon_uid`/`anon_gid`; switches if this process may.
     pub(crate) fn new(squash: Squash, anon_uid: u32, anon_gid: u32) -> CallerMap {
         let caps = effective_caps();
-        let own = (caps & CAP_SETUID != 0 && caps & CAP_SETGID != 0).then(Caller::of_process);
+        let own = (caps & CAP_SETUID != 0 && caps & CAP_SETGID != 0).then(|| {
+            // All of the server's groups (a caller's are cut to MAX_GROUPS).
+            let groups = rustix::process::getgroups()
+                .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+                .unwrap_or_default();
+            Caller {
+                groups,
+                ..Caller::of_process()
+            }
+        });
         CallerMap {
             squash,
             anon_uid,
@@ -142,10 +151,14 @@ impl CallerMap {
     /// Takes `caller`'s identity (mapped) on this thread for `req`, until the guard drops.
     /// Does nothing for requests on open handles or when the server cannot switch.
     pub(crate) fn enter(&self, caller: &Caller, req: &Request) -> Result<Acting<'_>, Errno> {
-        if self.own.is_none() || !as_caller(req) {
+        let Some(own) = self.own.as_ref().filter(|_| as_caller(req)) else {
+            return Ok(Acting { map: None });
+        };
+        let who = self.map(caller);
+        if who == *own {
+            // The server's own identity (trusted root on the server's host): nothing to do.
             return Ok(Acting { map: None });
         }
-        let who = self.map(caller);
         let acting = Acting { map: Some(self) };
         if let Err(e) = switch_to(&who) {
             tracing::error!(

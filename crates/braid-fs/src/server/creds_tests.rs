@@ -442,6 +442,15 @@ fn acting_changes_this_thread_only_and_is_undone_after_the_request() {
     }
     assert_eq!(fsuid_and_caps(), before);
     assert_eq!(rustix::process::getgroups().unwrap(), groups_before);
+    // The server's own identity needs no switch.
+    let own = Caller {
+        groups: groups_before.iter().map(|g| g.as_raw()).collect(),
+        ..Caller::of_process()
+    };
+    let none = CallerMap::new(Squash::None, 65534, 65534);
+    let _acting = none.enter(&own, &req).unwrap();
+    assert_eq!(super::creds::acting_uid(), None);
+    drop(_acting);
     // Requests on open handles run as the server.
     let write = Request::Write {
         fh: 1,
