@@ -81,6 +81,10 @@ pub struct MountArgs {
     /// Let other users use the mount (allow_other).
     #[arg(long)]
     allow_other: bool,
+    /// Leave every permission check to the server (no default_permissions): to test the
+    /// server's enforcement alone; access(2) then always succeeds.
+    #[arg(long)]
+    no_default_permissions: bool,
     /// Read-ahead of the mount in KiB.
     #[arg(long, default_value_t = 8192)]
     readahead_kib: u32,
@@ -185,6 +189,7 @@ fn mount_cmd(a: &MountArgs) -> Result<()> {
     cfg.negative_timeout = timeout(a.negative_timeout, "--negative-timeout")?;
     cfg.sync_on_close = a.sync_on_close;
     cfg.allow_other = a.allow_other;
+    cfg.default_permissions = !a.no_default_permissions;
     cfg.readahead_kib = a.readahead_kib.max(4);
     cfg.threads = a.threads.clamp(1, 64);
     cfg.direct_writes = !a.cached_writes;

@@ -1,7 +1,8 @@
 //! Permissions through a FUSE mount: a non-root user meets the same refusals (EACCES,
 //! EPERM), sticky and set-group-id rules and group permissions on a braid mount as in a
-//! local directory of the same machine, and the server enforces them itself: a permission
-//! the client's kernel still has cached does not let a request through.
+//! local directory of the same machine, with the client kernel's checks and without them
+//! (the server's alone), and a permission the client's kernel still has cached does not let
+//! a request through.
 
 mod common;
 
@@ -139,15 +140,28 @@ fn a_non_root_user_meets_the_same_refusals_as_on_a_local_directory() {
         assert!(expected.contains(line), "{line:?} not in\n{expected}");
     }
 
-    let lb = Loopback::new(1);
-    mode(lb.dir.path(), 0o755);
-    let m = lb.mount("mnt", |c| c.allow_other = true);
-    populate(m.mountpoint());
-    let got = act(m.mountpoint());
-    assert_eq!(
-        got, expected,
-        "braid mount (left) and local directory (right)"
-    );
+    // With the client kernel's checks, and with the server's alone.
+    for kernel_checks in [true, false] {
+        let lb = Loopback::new(1);
+        mode(lb.dir.path(), 0o755);
+        let m = lb.mount("mnt", |c| {
+            c.allow_other = true;
+            c.default_permissions = kernel_checks;
+        });
+        if kernel_checks {
+            populate(m.mountpoint());
+        } else {
+            // Made behind the client's back: a name the client's kernel has cached is
+            // walked without the search permission check when the kernel does not check
+            // (as an NFS file handle is used without one); the server checks lookups.
+            populate(&lb.export());
+        }
+        let got = act(m.mountpoint());
+        assert_eq!(
+            got, expected,
+            "braid mount (left, default_permissions {kernel_checks}) and local directory (right)"
+        );
+    }
 }
 
 /// With the client kernel's cached attributes still saying 0644, a read by another user is
