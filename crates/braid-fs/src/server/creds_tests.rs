@@ -485,3 +485,32 @@ fn a_writer_may_clear_the_set_id_bits_as_a_write_does_and_nothing_more() {
     f.make("readonly", false, 0o4755, 0, 0);
     assert_eq!(f.setattr(&bob, "readonly", mode(0o755)), Err(Errno::EPERM));
 }
+
+#[test]
+fn write_only_files_and_unsearchable_directories_open_as_locally() {
+    let Some(f) = fixture(Squash::Root) else {
+        return;
+    };
+    let alice = user(ALICE, &[]);
+    f.make("wonly", false, 0o200, ALICE, ALICE);
+    let Ok(Reply::Opened(o)) = f.open(&alice, "wonly", libc::O_WRONLY) else {
+        panic!("a write-only open of a -w------- file")
+    };
+    let w = Request::Write {
+        fh: o.fh,
+        offset: 0,
+        data: b"in".to_vec(),
+    };
+    assert!(f.call(&alice, w).is_ok());
+    assert_eq!(f.open(&alice, "wonly", libc::O_RDONLY), Err(Errno::EACCES));
+    assert_eq!(f.open(&alice, "wonly", libc::O_RDWR), Err(Errno::EACCES));
+    // A directory is read with read permission, without search permission.
+    f.make("readable", true, 0o600, ALICE, ALICE);
+    f.make("searchable", true, 0o100, ALICE, ALICE);
+    let opendir = |rel: &str| {
+        let node = f.node(rel);
+        f.call(&alice, Request::OpenDir { node }).map(|_| ())
+    };
+    assert_eq!(opendir("readable"), Ok(()));
+    assert_eq!(opendir("searchable"), Err(Errno::EACCES));
+}

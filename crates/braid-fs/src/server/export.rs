@@ -487,12 +487,9 @@ impl Export {
             }
             Request::OpenDir { node } => {
                 let inode = self.table.get(node)?;
-                let fd = rustix::fs::openat(
-                    inode.dir()?,
-                    ".",
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )?;
+                inode.dir()?;
+                // Through the magic link: read permission, not search, as a local opendir.
+                let fd = inode.reopen(OFlags::RDONLY | OFlags::DIRECTORY)?;
                 let mut c = cs.lock();
                 let dh = c.handle()?;
                 c.dirs.insert(dh, Arc::new(Mutex::new(OpenDir { fd })));
@@ -546,11 +543,18 @@ impl Export {
         if self.read_only && (writable || trunc) {
             return Err(Errno::EROFS);
         }
-        let fd = inode.reopen(if writable {
-            OFlags::RDWR
+        let fd = if acc == libc::O_WRONLY as u32 {
+            // The data path needs a readable descriptor (to map the file): the caller's
+            // right to write is checked, the descriptor opened with the server's rights.
+            drop(inode.reopen(OFlags::WRONLY)?);
+            creds::with_server_rights(|| inode.reopen(OFlags::RDWR))?
         } else {
-            OFlags::RDONLY
-        })?;
+            inode.reopen(if writable {
+                OFlags::RDWR
+            } else {
+                OFlags::RDONLY
+            })?
+        };
         let file = OpenFile {
             inode: inode.clone(),
             fd,
