@@ -417,7 +417,10 @@ fn acting_changes_this_thread_only_and_is_undone_after_the_request() {
     };
     let before = fsuid_and_caps();
     let groups_before = rustix::process::getgroups().unwrap();
-    let req = Request::StatFs;
+    let req = Request::Lookup {
+        parent: f.export.root().unwrap().node,
+        name: b"x".to_vec(),
+    };
     // Started before the switch (a new thread inherits its creator's credentials): it
     // looks at its own when asked.
     let (ask, asked) = std::sync::mpsc::channel::<()>();
