@@ -99,7 +99,11 @@ pub fn parse_prove(text: &str) -> ProveRun {
             continue;
         }
         let t = line.trim();
-        if let Some(list) = t.strip_prefix("Failed tests:") {
+        // "Failed test:" when one failed.
+        let list = t
+            .strip_prefix("Failed tests:")
+            .or_else(|| t.strip_prefix("Failed test:"));
+        if let Some(list) = list {
             if let Some(name) = &current {
                 run.failed
                     .entry(name.clone())
@@ -306,7 +310,7 @@ Test Summary Report\n\
   Failed tests:  5, 8-9, 13\n\
                 41, 44-45\n\
 /x/tests/rename/09.t         (Wstat: 256 Tests: 10 Failed: 1)\n\
-  Failed tests:  10\n\
+  Failed test:  10\n\
   Non-zero exit status: 1\n\
 Files=238, Tests=8798, 359 wallclock secs\n\
 Result: FAIL\n";
