@@ -1,7 +1,7 @@
 #!/bin/bash
 # How long one cache line takes to cross between CPU 0 and CPU 1, one way: two threads
 # pinned to those CPUs bounce a counter on one line 2,000,000 times. On the 2-core VMs of
-# the README it tells the VM's mode (55-60 ns fast, about 280 ns slow), which moves every
+# docs/RESULTS.md it tells the VM's mode (55-60 ns fast, about 280 ns slow), which moves every
 # same-host latency figure (braid's and UCX's alike). Needs a C compiler.
 #   scripts/line-probe.sh
 set -euo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-thread CPU of a running process, every INTERVAL seconds until it exits: each
 thread's share of one CPU (user + system) and of that its system share, from
-/proc/PID/task/*/stat. Used for the ES-API pattern (README, issue 17):
+/proc/PID/task/*/stat. Used for the ES-API pattern (docs/RESULTS.md):
 
     target/release/examples/exs_bench --size 65536 --depth 16 --dequeue-half --seconds 3 --rounds 2 &
     scripts/thread-cpu.py $! 1.5

@@ -1,7 +1,7 @@
 //! AF_XDP ports for braid's raw-Ethernet rails.
 //!
 //! braid's rails are TCP connections today. On an unshaped rail, where the CPU is the
-//! limit, most of an 8-byte message's time is the kernel's TCP path (docs/ARCHITECTURE.md,
+//! limit, most of an 8-byte message's time is the kernel's TCP path (docs/RESULTS.md,
 //! "Where a small message's time goes"). An AF_XDP socket takes the frames of one Ethernet
 //! type straight from the driver into user memory, skipping the IP and TCP layers, and
 //! sends by handing frames to the driver. This crate is that I/O layer, nothing more:

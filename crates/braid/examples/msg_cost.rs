@@ -9,7 +9,7 @@
 //!
 //! Run: `cargo run --release -p braid --example msg_cost -- [MESSAGES] [tcp]`. For the same
 //! path counted in instructions per function: `valgrind --tool=callgrind
-//! target/release/examples/msg_cost 5000` (docs/ARCHITECTURE.md, "Where a small message's
+//! target/release/examples/msg_cost 5000` (docs/RESULTS.md, "Where a small message's
 //! time goes").
 
 use std::time::{Duration, Instant};

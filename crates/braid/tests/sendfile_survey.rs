@@ -2,7 +2,7 @@
 //! `sendfile`: the sender CPU of both over one loopback TCP stream (64-byte header + 256 KiB
 //! of a page-cached file per frame, 4 GiB per run, three rounds). A survey, not a test:
 //! `cargo test --release -p braid --test sendfile_survey -- --ignored --nocapture`
-//! (run under `flock /work/bench.lock` on a shared machine). See docs/ARCHITECTURE.md.
+//! (run under `flock /work/bench.lock` on a shared machine). See docs/RESULTS.md.
 
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};

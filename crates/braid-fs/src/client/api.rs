@@ -12,7 +12,7 @@ use crate::proto::{
     Reply, Request, SetAttr, StatFs,
 };
 
-fn unexpected(op: &str, r: Reply) -> Error {
+pub(super) fn unexpected(op: &str, r: Reply) -> Error {
     Error::Protocol(format!("{op} answered with {r:?}"))
 }
 
@@ -316,11 +316,11 @@ impl Drop for DirIter {
 /// An open regular file. Dropping it releases the server's handle (without waiting; call
 /// [`File::flush`] first to learn of write errors).
 pub struct File {
-    client: Client,
-    state: Arc<FileState>,
-    fh: u64,
+    pub(super) client: Client,
+    pub(super) state: Arc<FileState>,
+    pub(super) fh: u64,
     node: NodeId,
-    writable: bool,
+    pub(super) writable: bool,
     /// Lookup references to drop with the handle.
     forget: u64,
 }
@@ -523,7 +523,7 @@ impl File {
         self.write_at(offset, &buf, 0, data.len())
     }
 
-    fn wait_idle(&self) -> Result<(), Error> {
+    pub(super) fn wait_idle(&self) -> Result<(), Error> {
         let (tx, rx) = sync_channel(1);
         self.state.when_idle(Box::new(move || {
             let _ = tx.send(Ok(()));

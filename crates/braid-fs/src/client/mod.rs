@@ -23,6 +23,7 @@
 
 mod api;
 mod caller;
+mod coord;
 mod data;
 mod file;
 mod rpc;

@@ -288,7 +288,8 @@ impl Rpc {
             let st = self.state.lock();
             st.pending
                 .values()
-                .filter(|p| p.sent_at.elapsed() > timeout)
+                // A lock wait lasts as long as the conflicting lock is held.
+                .filter(|p| p.op != Op::SetLockWait && p.sent_at.elapsed() > timeout)
                 .map(|p| p.op)
                 .next()
         };

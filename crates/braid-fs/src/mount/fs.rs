@@ -13,44 +13,32 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request as FuseReq, TimeOrNow, WriteFlags,
+    FileHandle, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, Request as FuseReq, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
 use super::MountConfig;
 use super::caller::{act_for, caller_of};
+use super::coord::KernelLock;
 use super::dirview::DirViews;
+use super::fs_helpers::{fill, timeset};
 use super::known::Known;
 use super::pool::Pool;
-use super::shared::{DirHandle, Handle, Shared, errno, kind, timeset};
+use super::shared::{DirHandle, Handle, Shared, errno};
 use crate::client::{Client, act_as};
-use crate::proto::{COMMIT_DATASYNC, COMMIT_SYNC, DirEntry, Reply, Request, SetAttr};
+use crate::proto::{COMMIT_DATASYNC, COMMIT_SYNC, Reply, Request, SetAttr};
 
 /// Small writes that grow a file travel inside a request (one round trip, no `MapRegion`).
 const INLINE_GROWTH_MAX: usize = 32 * 1024;
 /// How long a kernel request may wait for a free buffer.
 const BUFFER_WAIT: Duration = Duration::from_secs(30);
 
-/// Adds entries to a kernel readdir reply until it is full.
-fn fill(entries: &[DirEntry], reply: &mut ReplyDirectory) {
-    for e in entries {
-        if reply.add(
-            INodeNo(e.ino),
-            e.next_offset,
-            kind(e.file_type),
-            OsStr::from_bytes(&e.name),
-        ) {
-            break;
-        }
-    }
-}
-
 /// The FUSE side of a mount.
 pub(crate) struct BraidFs {
     pub(crate) shared: Arc<Shared>,
-    readahead: u32,
+    pub(crate) readahead: u32,
 }
 
 impl BraidFs {
@@ -71,6 +59,7 @@ impl BraidFs {
                 seen: Mutex::new(HashMap::new()),
                 known: Known::new(cfg.attr_timeout, cfg.entry_timeout),
                 views: DirViews::new(cfg.negative_timeout),
+                locks: Default::default(),
                 absent_from_views: AtomicU64::new(0),
                 spin: cfg.poll_spin,
                 notifier: Mutex::new(None),
@@ -79,64 +68,14 @@ impl BraidFs {
         }
     }
 
-    /// Unlink or rmdir: sends `request(parent, name)` and keeps the known attributes right.
-    fn remove(
-        &self,
-        parent: INodeNo,
-        name: &OsStr,
-        reply: ReplyEmpty,
-        request: impl FnOnce(crate::proto::NodeId, Vec<u8>) -> Request,
-    ) {
-        let s = self.shared.clone();
-        let name = Self::name(name);
-        // The removed object's link count and times change too, and it is known here
-        // only by name.
-        s.known.forget_all();
-        let epoch = s.known.epoch();
-        let r = request(s.node(parent), name.clone());
-        self.shared.call(&r, move |r| match r {
-            Ok(reply_body) => {
-                if let Reply::Attr(a) = &reply_body {
-                    s.known.learn(epoch, parent.0, a);
-                }
-                s.removed(parent.0, &name);
-                reply.ok()
-            }
-            Err(e) => reply.error(errno(&e)),
-        });
-    }
-
-    fn name(name: &OsStr) -> Vec<u8> {
+    pub(crate) fn name(name: &OsStr) -> Vec<u8> {
         name.as_bytes().to_vec()
     }
 }
 
 impl Filesystem for BraidFs {
     fn init(&mut self, _req: &FuseReq, config: &mut KernelConfig) -> std::io::Result<()> {
-        let slot = self.shared.pool.slot_size() as u32;
-        if let Err(max) = config.set_max_write(slot) {
-            let _ = config.set_max_write(max);
-        }
-        if let Err(max) = config.set_max_readahead(self.readahead.max(slot)) {
-            let _ = config.set_max_readahead(max);
-        }
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        // Not FUSE_ATOMIC_O_TRUNC: with it the kernel hands O_TRUNC to our open and checks
-        // for a running executable (ETXTBSY) only afterwards, so `open(O_RDONLY|O_TRUNC)` of
-        // a program being run emptied it on the server and the program crashed (SIGSEGV);
-        // pjdfstest's open::etxtbsy failed intermittently. Without it the kernel refuses
-        // first and truncates with a SETATTR of its own.
-        for cap in [
-            InitFlags::FUSE_AUTO_INVAL_DATA,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_CACHE_SYMLINKS,
-            InitFlags::FUSE_MAX_PAGES,
-        ] {
-            if config.add_capabilities(cap).is_err() {
-                tracing::debug!("kernel lacks {cap:?}");
-            }
-        }
+        self.configure_kernel(config);
         Ok(())
     }
 
@@ -165,6 +104,7 @@ impl Filesystem for BraidFs {
         if ino != INodeNo::ROOT {
             self.shared.known.drop_node(ino.0);
             self.shared.views.drop_dir(ino.0);
+            self.shared.locks.forget(ino.0);
             let node = self.shared.node(ino);
             self.shared.client.call_async(
                 &Request::Forget {
@@ -444,6 +384,12 @@ impl Filesystem for BraidFs {
                 flags: f as u32,
             },
             move |r| match r {
+                // Reached through a name another client has removed since the kernel cached
+                // it: ESTALE makes the kernel look the name up again (LOOKUP_REVAL).
+                Ok(Reply::Opened(o)) if o.attr.nlink == 0 => {
+                    s.client.call_async(&Request::Release { fh: o.fh }, |_| {});
+                    reply.error(fuser::Errno::ESTALE)
+                }
                 Ok(Reply::Opened(o)) => {
                     s.known.learn(epoch, node.id, &o.attr);
                     let state = s.client.inner.file_state(node);
@@ -501,7 +447,7 @@ impl Filesystem for BraidFs {
         offset: u64,
         data: &[u8],
         wf: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -522,6 +468,9 @@ impl Filesystem for BraidFs {
         }
         if !s.client.is_connected() {
             return reply.error(fuser::Errno::ENOTCONN);
+        }
+        if flags.0 & libc::O_APPEND != 0 {
+            return s.append(&h, data, reply);
         }
         let end = offset.saturating_add(data.len() as u64);
         if data.len() <= INLINE_GROWTH_MAX && end > h.state.size() && h.state.begin_request_write()
@@ -588,24 +537,13 @@ impl Filesystem for BraidFs {
         _req: &FuseReq,
         _ino: INodeNo,
         fh: FileHandle,
-        _lock: LockOwner,
+        owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         let Some(h) = self.shared.handle(fh) else {
             return reply.ok();
         };
-        let always = self.shared.sync_on_close;
-        let flags = if always { COMMIT_SYNC } else { 0 };
-        let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
-        self.shared.commit(h, flags, always, move |r| {
-            match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-            d.store(true, Ordering::Release);
-        });
-        self.shared.help(&done);
+        self.shared.close(h, owner.0, reply);
     }
 
     fn release(
@@ -789,5 +727,56 @@ impl Filesystem for BraidFs {
             Ok(_) => reply.error(fuser::Errno::EIO),
             Err(e) => reply.error(errno(&e)),
         });
+    }
+
+    fn getlk(
+        &self,
+        _req: &FuseReq,
+        _ino: INodeNo,
+        fh: FileHandle,
+        owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let Some(h) = self.shared.handle(fh) else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let l = KernelLock {
+            owner: owner.0,
+            start,
+            end,
+            typ,
+            pid,
+        };
+        self.shared.getlk(&h, l, reply);
+    }
+
+    fn setlk(
+        &self,
+        _req: &FuseReq,
+        _ino: INodeNo,
+        fh: FileHandle,
+        owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(h) = self.shared.handle(fh) else {
+            return reply.error(fuser::Errno::EBADF);
+        };
+        let l = KernelLock {
+            owner: owner.0,
+            start,
+            end,
+            typ,
+            pid,
+        };
+        self.shared.setlk(&h, l, sleep, reply);
     }
 }

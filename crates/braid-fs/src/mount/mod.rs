@@ -20,8 +20,10 @@
 //! ```
 
 mod caller;
+mod coord;
 mod dirview;
 mod fs;
+mod fs_helpers;
 mod known;
 mod pool;
 mod shared;

@@ -21,15 +21,6 @@ use crate::proto::{
     Attr, COMMIT_TOUCH, Creds, DirEntry, Entry, NodeId, Reply, Request, SetAttr, TimeSet, Timestamp,
 };
 
-/// A time the kernel asks to set, on the wire.
-pub(crate) fn timeset(t: Option<fuser::TimeOrNow>) -> TimeSet {
-    match t {
-        None => TimeSet::Omit,
-        Some(fuser::TimeOrNow::Now) => TimeSet::Now,
-        Some(fuser::TimeOrNow::SpecificTime(t)) => TimeSet::At(Timestamp::from_system_time(t)),
-    }
-}
-
 pub(crate) fn errno(e: &Error) -> fuser::Errno {
     fuser::Errno::from_i32(e.errno().raw())
 }
@@ -147,6 +138,8 @@ pub(crate) struct Shared {
     pub(crate) views: DirViews,
     /// Lookups answered `ENOENT` from a view.
     pub(crate) absent_from_views: AtomicU64,
+    /// Locks taken through this mount (`mount/coord.rs`).
+    pub(crate) locks: super::coord::MountLocks,
     /// How long a thread that sent a request polls for its reply (see [`Shared::call`]).
     pub(crate) spin: Duration,
     pub(crate) notifier: Mutex<Option<fuser::Notifier>>,
@@ -402,9 +395,13 @@ impl Shared {
     }
 
     /// Whether an open with `flags` bypasses the page cache: write-only ones (a descriptor
-    /// that can neither read nor map the file gains nothing from it), if configured.
+    /// that can neither read nor map the file gains nothing from it), if configured, and
+    /// appending ones.
     pub(crate) fn direct(&self, flags: i32) -> bool {
+        // O_APPEND always: the server places appends, so pages the kernel filled at the
+        // offset it computed from its cached size could be wrong.
         self.direct_writes && flags & libc::O_ACCMODE == libc::O_WRONLY
+            || flags & libc::O_APPEND != 0
     }
 
     /// Records a mode this client set on `node`, for its open handles.

@@ -2,6 +2,7 @@
 
 use super::caller::Caller;
 use super::codec::{Reader, Writer};
+use super::lock::LockRequest;
 use super::types::{Creds, NodeId, SetAttr};
 use super::{DecodeError, EncodeError, HEADER_LEN, MAGIC, MAX_MSG, MAX_NAME, MAX_PATH, VERSION};
 
@@ -225,6 +226,25 @@ pub enum Request {
     },
     /// File system statistics.
     StatFs,
+    /// Writes at the file's end as the server finds it, atomically with respect to every
+    /// other append and growth of the file (`O_APPEND`).
+    Append {
+        /// The handle.
+        fh: u64,
+        /// Bytes to append; empty with `reserve > 0` to only reserve that many bytes at the
+        /// end (grown with zeros), which the client then writes one-sided.
+        data: Vec<u8>,
+        /// Bytes to reserve when `data` is empty; 0 otherwise.
+        reserve: u64,
+    },
+    /// The first lock that would conflict with the one described (`F_GETLK`).
+    GetLock(LockRequest),
+    /// Takes or releases a lock, failing with `EAGAIN` on a conflict (`F_SETLK`).
+    SetLock(LockRequest),
+    /// Takes a lock, waiting for conflicting ones to go (`F_SETLKW`): answered when
+    /// granted, with `EDEADLK` when waiting would deadlock, `ECANCELED` when its owner
+    /// released its locks of the file meanwhile.
+    SetLockWait(LockRequest),
 }
 
 /// Operation codes (the header's `op`).
@@ -257,10 +277,14 @@ pub enum Op {
     ReleaseDir = 23,
     StatFs = 24,
     Landed = 25,
+    Append = 26,
+    GetLock = 27,
+    SetLock = 28,
+    SetLockWait = 29,
 }
 
 impl Op {
-    const ALL: [Op; 25] = [
+    const ALL: [Op; 29] = [
         Op::Hello,
         Op::Lookup,
         Op::Walk,
@@ -286,6 +310,10 @@ impl Op {
         Op::ReleaseDir,
         Op::StatFs,
         Op::Landed,
+        Op::Append,
+        Op::GetLock,
+        Op::SetLock,
+        Op::SetLockWait,
     ];
 
     /// The op with this code.
@@ -323,6 +351,10 @@ impl Request {
             Request::ReadDir { .. } => Op::ReadDir,
             Request::ReleaseDir { .. } => Op::ReleaseDir,
             Request::StatFs => Op::StatFs,
+            Request::Append { .. } => Op::Append,
+            Request::GetLock(_) => Op::GetLock,
+            Request::SetLock(_) => Op::SetLock,
+            Request::SetLockWait(_) => Op::SetLockWait,
         }
     }
 
@@ -340,6 +372,7 @@ impl Request {
                 | Request::Link { .. }
                 | Request::Create { .. }
                 | Request::Write { .. }
+                | Request::Append { .. }
         )
     }
 }
@@ -602,6 +635,12 @@ pub fn encode_request(id: u64, caller: &Caller, req: &Request) -> Result<Vec<u8>
             w.u32(*max_bytes);
         }
         Request::StatFs => {}
+        Request::Append { fh, data, reserve } => {
+            w.u64(*fh);
+            w.bytes(data);
+            w.u64(*reserve);
+        }
+        Request::GetLock(l) | Request::SetLock(l) | Request::SetLockWait(l) => l.put(&mut w),
     }
     finish(w)
 }
@@ -743,6 +782,18 @@ pub fn decode_request(buf: &[u8]) -> Result<(u64, Caller, Request), DecodeError>
             max_bytes: r.u32()?,
         },
         Op::StatFs => Request::StatFs,
+        Op::Append => {
+            let fh = r.u64()?;
+            let data = r.bytes(MAX_MSG, "append data")?;
+            let reserve = r.u64()?;
+            if data.is_empty() == (reserve == 0) {
+                return Err(DecodeError::BadValue("append reserve", reserve));
+            }
+            Request::Append { fh, data, reserve }
+        }
+        Op::GetLock => Request::GetLock(LockRequest::get(r)?),
+        Op::SetLock => Request::SetLock(LockRequest::get(r)?),
+        Op::SetLockWait => Request::SetLockWait(LockRequest::get(r)?),
     };
     r.finish()?;
     Ok((h.id, caller, req))

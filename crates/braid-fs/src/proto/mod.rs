@@ -25,12 +25,14 @@
 mod caller;
 mod codec;
 mod errno;
+mod lock;
 mod message;
 mod reply;
 mod types;
 
 pub use caller::{CALLER_MAX_LEN, Caller, MAX_GROUPS};
 pub use errno::Errno;
+pub use lock::{LockKind, LockRange, LockRequest};
 pub use message::{
     COMMIT_DATASYNC, COMMIT_SYNC, COMMIT_TOUCH, Header, Op, Request, Role, decode_header,
     decode_request, encode_request,
@@ -40,8 +42,8 @@ pub use types::{
     Attr, Creds, DirEntry, Entry, NodeId, RegionInfo, SetAttr, StatFs, TimeSet, Timestamp,
 };
 
-/// The protocol version this build speaks (3: requests carry the caller envelope).
-pub const VERSION: u8 = 3;
+/// The protocol version this build speaks (4: requests carry the caller envelope).
+pub const VERSION: u8 = 4;
 /// First two bytes of every message.
 pub const MAGIC: u16 = 0x4642;
 /// Bytes of the header.

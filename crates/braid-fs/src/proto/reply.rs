@@ -1,6 +1,7 @@
 //! Replies, and their encoding behind the common header.
 
 use super::codec::{Reader, Writer};
+use super::lock::{LockRange, get_range, put_range};
 use super::message::{Op, decode_header, finish, get_path, put_header};
 use super::types::{Attr, DirEntry, Entry, RegionInfo, StatFs};
 use super::{DecodeError, EncodeError, Errno, MAX_NAME};
@@ -74,6 +75,11 @@ pub enum Reply {
     Dir(Vec<DirEntry>, bool),
     /// To `StatFs`.
     StatFs(StatFs),
+    /// To `Append`: the offset the bytes (or the reservation) landed at, and the
+    /// attributes after.
+    Appended(u64, Attr),
+    /// To `GetLock`: the first conflicting lock, or kind `Unlock` when none conflicts.
+    Lock(LockRange),
 }
 
 fn put_opened(w: &mut Writer, o: &Opened) {
@@ -160,6 +166,11 @@ pub fn encode_reply(id: u64, op: Op, reply: &Result<Reply, Errno>) -> Result<Vec
             w.bool(*eof);
         }
         Reply::StatFs(s) => s.put(&mut w),
+        Reply::Appended(off, a) => {
+            w.u64(*off);
+            a.put(&mut w);
+        }
+        Reply::Lock(l) => put_range(&mut w, l),
     }
     finish(w)
 }
@@ -178,7 +189,13 @@ fn reply_op_matches(op: Op, reply: &Reply) -> Result<(), ()> {
         ),
         Reply::Empty => matches!(
             op,
-            Op::Forget | Op::Rename | Op::Release | Op::ReleaseDir | Op::Landed
+            Op::Forget
+                | Op::Rename
+                | Op::Release
+                | Op::ReleaseDir
+                | Op::Landed
+                | Op::SetLock
+                | Op::SetLockWait
         ),
         Reply::Link(_) => op == Op::ReadLink,
         Reply::Opened(_) => op == Op::Open,
@@ -188,6 +205,8 @@ fn reply_op_matches(op: Op, reply: &Reply) -> Result<(), ()> {
         Reply::Handle(_) => op == Op::OpenDir,
         Reply::Dir(..) => op == Op::ReadDir,
         Reply::StatFs(_) => op == Op::StatFs,
+        Reply::Appended(..) => op == Op::Append,
+        Reply::Lock(_) => op == Op::GetLock,
     };
     if ok { Ok(()) } else { Err(()) }
 }
@@ -220,7 +239,13 @@ pub fn decode_reply(buf: &[u8]) -> Result<(u64, Op, Result<Reply, Errno>), Decod
         Op::GetAttr | Op::SetAttr | Op::Commit | Op::Unlink | Op::Rmdir => {
             Reply::Attr(Attr::get(r)?)
         }
-        Op::Forget | Op::Rename | Op::Release | Op::ReleaseDir | Op::Landed => Reply::Empty,
+        Op::Forget
+        | Op::Rename
+        | Op::Release
+        | Op::ReleaseDir
+        | Op::Landed
+        | Op::SetLock
+        | Op::SetLockWait => Reply::Empty,
         Op::ReadLink => Reply::Link(get_path(r, "symlink target")?),
         Op::Open => Reply::Opened(get_opened(r)?),
         Op::Create => Reply::Created(Entry::get(r)?, get_opened(r)?, Attr::get(r)?),
@@ -254,6 +279,8 @@ pub fn decode_reply(buf: &[u8]) -> Result<(u64, Op, Result<Reply, Errno>), Decod
             Reply::Dir(entries, r.bool()?)
         }
         Op::StatFs => Reply::StatFs(StatFs::get(r)?),
+        Op::Append => Reply::Appended(r.u64()?, Attr::get(r)?),
+        Op::GetLock => Reply::Lock(get_range(r)?),
     };
     r.finish()?;
     Ok((h.id, h.op, Ok(reply)))

@@ -208,7 +208,41 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         any::<u64>().prop_map(|dh| Request::ReleaseDir { dh }),
         Just(Request::StatFs),
+        (any::<u64>(), proptest::collection::vec(any::<u8>(), 1..300)).prop_map(|(fh, data)| {
+            Request::Append {
+                fh,
+                data,
+                reserve: 0,
+            }
+        }),
+        (any::<u64>(), 1u64..u64::MAX).prop_map(|(fh, reserve)| Request::Append {
+            fh,
+            data: Vec::new(),
+            reserve
+        }),
+        (lock_request(), 0u8..3).prop_map(|(l, op)| match op {
+            0 => Request::GetLock(l),
+            1 => Request::SetLock(l),
+            _ => Request::SetLockWait(l),
+        }),
     ]
+}
+
+fn lock_range() -> impl Strategy<Value = LockRange> {
+    (0u8..3, any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(k, a, b, pid)| LockRange {
+        kind: [LockKind::Read, LockKind::Write, LockKind::Unlock][k as usize],
+        start: a.min(b),
+        end: a.max(b),
+        pid,
+    })
+}
+
+fn lock_request() -> impl Strategy<Value = LockRequest> {
+    (any::<u64>(), any::<u64>(), lock_range()).prop_map(|(fh, owner, range)| LockRequest {
+        fh,
+        owner,
+        range,
+    })
 }
 
 fn entry() -> impl Strategy<Value = Entry> {
@@ -265,6 +299,9 @@ fn reply() -> impl Strategy<Value = (Op, Reply)> {
         any::<u64>().prop_map(|h| (Op::OpenDir, Reply::Handle(h))),
         (proptest::collection::vec(dirent, 0..20), any::<bool>())
             .prop_map(|(e, eof)| (Op::ReadDir, Reply::Dir(e, eof))),
+        (any::<u64>(), attr()).prop_map(|(o, a)| (Op::Append, Reply::Appended(o, a))),
+        lock_range().prop_map(|l| (Op::GetLock, Reply::Lock(l))),
+        Just((Op::SetLockWait, Reply::Empty)),
         Just((
             Op::StatFs,
             Reply::StatFs(StatFs {
@@ -311,7 +348,7 @@ proptest! {
 
     /// Arbitrary bytes behind a valid header: both decoders return, whatever the body.
     #[test]
-    fn hostile_bodies_never_panic(op in 1u16..=26, reply in any::<bool>(), status in prop_oneof![Just(0u32), any::<u32>()], body in proptest::collection::vec(any::<u8>(), 0..200)) {
+    fn hostile_bodies_never_panic(op in 1u16..=30, reply in any::<bool>(), status in prop_oneof![Just(0u32), any::<u32>()], body in proptest::collection::vec(any::<u8>(), 0..200)) {
         let mut m = Vec::new();
         m.extend_from_slice(&MAGIC.to_le_bytes());
         m.push(VERSION);
@@ -505,4 +542,38 @@ fn caller_envelopes_with_too_many_groups_are_refused() {
     // A caller built with more groups sends the first MAX_GROUPS.
     let many = Caller::new(1, 1, (0..1000).collect());
     assert_eq!(many.groups.len(), MAX_GROUPS);
+}
+
+#[test]
+fn appends_and_locks_refuse_inconsistent_bodies() {
+    let both = Request::Append {
+        fh: 1,
+        data: vec![1],
+        reserve: 5,
+    };
+    let m = encode_request(1, &Caller::default(), &both).unwrap();
+    assert!(matches!(
+        decode_request(&m),
+        Err(DecodeError::BadValue("append reserve", 5))
+    ));
+    let neither = Request::Append {
+        fh: 1,
+        data: vec![],
+        reserve: 0,
+    };
+    assert!(decode_request(&encode_request(1, &Caller::default(), &neither).unwrap()).is_err());
+    let backwards = Request::SetLock(LockRequest {
+        fh: 1,
+        owner: 2,
+        range: LockRange {
+            kind: LockKind::Read,
+            start: 10,
+            end: 9,
+            pid: 0,
+        },
+    });
+    assert!(matches!(
+        decode_request(&encode_request(1, &Caller::default(), &backwards).unwrap()),
+        Err(DecodeError::BadValue("lock range end", 9))
+    ));
 }

@@ -20,14 +20,17 @@
 //! - Changing the file system ids makes the process non-dumpable (no core dumps, no
 //!   `ptrace` by non-root), as for any set-user-id program.
 //!
-//! Requests on an open handle (writes, commits, regions, directory reads, releases, forgets)
-//! run as the server: the caller's rights were checked when the handle was opened, as a
+//! Requests on an open handle (writes, appends, locks, commits, regions, directory reads,
+//! releases, forgets) run as the server: the caller's rights were checked when the handle was opened, as a
 //! local `write` on an open descriptor is not checked again either.
 //!
 //! A server that cannot switch (not running as root: no `CAP_SETUID` and `CAP_SETGID`)
 //! carries out every request as itself and says so once at start.
 
 use std::cell::Cell;
+use std::os::fd::OwnedFd;
+
+use rustix::fs::{Mode, OFlags};
 
 use super::inode::Inode;
 use crate::proto::{Caller, Errno, Request};
@@ -88,6 +91,10 @@ fn as_caller(req: &Request) -> bool {
             | Request::Write { .. }
             | Request::ReadDir { .. }
             | Request::ReleaseDir { .. }
+            | Request::Append { .. }
+            | Request::GetLock(_)
+            | Request::SetLock(_)
+            | Request::SetLockWait(_)
     )
 }
 
@@ -242,6 +249,36 @@ pub(crate) fn only_clears_setid(current: u32, new: u32) -> bool {
     let setid = libc::S_ISUID | libc::S_ISGID;
     let (current, new) = (current & 0o7777, new & 0o7777);
     new != current && new & !current == 0 && (current & !new) & !setid == 0
+}
+
+/// Opens the regular file `inode` for the data path with access mode `acc`: read-only, or
+/// read-write for a writable handle. The data path needs a readable descriptor (the file is
+/// mapped), so a write-only open checks the caller's right to write and then opens with the
+/// server's rights.
+pub(crate) fn open_for_data(inode: &Inode, acc: u32) -> Result<OwnedFd, Errno> {
+    let fd = match acc as i32 {
+        libc::O_RDONLY => inode.reopen(OFlags::RDONLY)?,
+        libc::O_WRONLY => {
+            drop(inode.reopen(OFlags::WRONLY)?);
+            with_server_rights(|| inode.reopen(OFlags::RDWR))?
+        }
+        _ => inode.reopen(OFlags::RDWR)?,
+    };
+    Ok(fd)
+}
+
+/// Sets `inode`'s permission bits as the caller, or with the server's rights when the change
+/// only clears the set-id bits and the caller may write the file (`writer_handle`: through a
+/// writable handle): a write's loss of those bits, allowed to every writer, as locally.
+pub(crate) fn chmod(inode: &Inode, mode: u32, writer_handle: bool) -> Result<(), Errno> {
+    let path = inode.proc_path()?;
+    let chmod = || rustix::fs::chmod(path.as_str(), Mode::from_raw_mode(mode & 0o7777));
+    if only_clears_setid(inode.attr()?.mode, mode) && (writer_handle || may_write(inode)) {
+        with_server_rights(chmod)?;
+    } else {
+        chmod()?;
+    }
+    Ok(())
 }
 
 /// Whether this thread's caller may write the file `inode` by its permissions.

@@ -21,6 +21,9 @@ use crate::proto::{
     Mapped, NodeId, Opened, Reply, Request, SetAttr, StatFs, TimeSet,
 };
 
+#[path = "append.rs"]
+mod append;
+
 /// Most open files and directories one client may hold.
 const MAX_HANDLES: usize = 1 << 16;
 
@@ -174,6 +177,11 @@ impl Export {
     /// Objects in the inode table (for tests and logs).
     pub(crate) fn inode_count(&self) -> usize {
         self.table.len()
+    }
+
+    /// The object open as `fh` (the lock table's key for it).
+    pub(crate) fn open_file_id(&self, cs: &Mutex<ClientState>, fh: u64) -> Result<u64, Errno> {
+        Ok(cs.lock().file(fh)?.inode.id)
     }
 
     /// Releases everything a client held.
@@ -508,6 +516,11 @@ impl Export {
                 cs.lock().dirs.remove(&dh).ok_or(Errno::EBADF)?;
                 Ok(Reply::Empty)
             }
+            Request::Append { fh, data, reserve } => self.append(cs, fh, &data, reserve),
+            // Answered by the server's lock table (`server/lockserv.rs`).
+            Request::GetLock(_) | Request::SetLock(_) | Request::SetLockWait(_) => {
+                Err(Errno::EPROTO)
+            }
             Request::StatFs => {
                 let root = self.table.get(self.root()?.node)?;
                 let s = rustix::fs::fstatvfs(&root.fd)?;
@@ -543,18 +556,7 @@ impl Export {
         if self.read_only && (writable || trunc) {
             return Err(Errno::EROFS);
         }
-        let fd = if acc == libc::O_WRONLY as u32 {
-            // The data path needs a readable descriptor (to map the file): the caller's
-            // right to write is checked, the descriptor opened with the server's rights.
-            drop(inode.reopen(OFlags::WRONLY)?);
-            creds::with_server_rights(|| inode.reopen(OFlags::RDWR))?
-        } else {
-            inode.reopen(if writable {
-                OFlags::RDWR
-            } else {
-                OFlags::RDONLY
-            })?
-        };
+        let fd = creds::open_for_data(&inode, acc)?;
         let file = OpenFile {
             inode: inode.clone(),
             fd,
@@ -726,15 +728,7 @@ impl Export {
             if inode.is_symlink() {
                 return Err(Errno::EOPNOTSUPP);
             }
-            let path = inode.proc_path()?;
-            let chmod = || rustix::fs::chmod(path.as_str(), Mode::from_raw_mode(mode & 0o7777));
-            let writer = file.is_some_and(|f| f.writable) || creds::may_write(inode);
-            if creds::only_clears_setid(inode.attr()?.mode, mode) && writer {
-                // A write's loss of the set-id bits, allowed to every writer, as locally.
-                creds::with_server_rights(chmod)?;
-            } else {
-                chmod()?;
-            }
+            creds::chmod(inode, mode, file.is_some_and(|f| f.writable))?;
         }
         if set.atime != TimeSet::Omit || set.mtime != TimeSet::Omit {
             let spec = |t: TimeSet| match t {

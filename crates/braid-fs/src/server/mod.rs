@@ -20,6 +20,8 @@ mod creds;
 mod export;
 mod inode;
 mod jobs;
+mod locks;
+mod lockserv;
 mod region;
 mod writeback;
 
@@ -117,6 +119,8 @@ struct Shared {
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     stop: AtomicBool,
     next_session: AtomicU64,
+    /// Byte-range and `flock` locks of every client.
+    locks: lockserv::Locks,
 }
 
 /// A running file server; [`Server::shutdown`] (or dropping it) stops it.
@@ -160,6 +164,7 @@ impl Server {
             conns: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
             next_session: AtomicU64::new(1),
+            locks: Default::default(),
             cfg,
         });
         let mut threads = Vec::new();
@@ -324,6 +329,7 @@ impl Shared {
         conn.ep.close();
         self.conns.write().remove(&conn.ep.id());
         self.export.disconnect(&conn.client);
+        self.drop_client_locks(conn);
         if let Some((Role::Meta, session)) = conn.session() {
             let data: Vec<Arc<Conn>> = self
                 .conns
@@ -470,8 +476,11 @@ impl Shared {
         };
         let op = req.op();
         let reply = match self.callers.enter(&caller, &req) {
-            Ok(_acting) => self.export.handle(&conn.client, req),
-            Err(e) => Err(e),
+            Ok(_acting) => self.dispatch(conn, id, req),
+            Err(e) => Some(Err(e)),
+        };
+        let Some(reply) = reply else {
+            return; // a lock wait, answered when granted
         };
         let msg = match encode_reply(id, op, &reply) {
             Ok(m) => m,

@@ -6,7 +6,7 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
     /// Largest payload of one chunk frame (default 1 MiB; smaller chunks cost more system
-    /// calls per byte, see the benchmark notes in the README).
+    /// calls per byte, see docs/RESULTS.md).
     pub chunk_size: usize,
     /// Most operations posted and not yet completed.
     pub max_outstanding: usize,
@@ -35,7 +35,7 @@ pub struct SessionConfig {
     /// arrival wait for no other rail, so a deeper window costs no throughput, and it halves
     /// the acknowledgements and receiver wake-ups per byte (chunks are a quarter of the
     /// window): on 4 x 1 Gbit/s the receiver's CPU per GB fell by about a tenth, where strict
-    /// placement with this depth lost a quarter of its throughput (README, "Goals").
+    /// placement with this depth lost a quarter of its throughput (docs/RESULTS.md).
     pub relaxed_target_delay: Duration,
     /// Unacknowledged received bytes on a rail after which an explicit acknowledgement is
     /// sent unasked (default 4 MiB). A backstop: the sending side asks for acknowledgements
