@@ -2,9 +2,9 @@
  * braid-dsm from C: every rank fills its share of a shared array, rank 0 checks the sum,
  * every rank adds to a counter under a global lock, and all check the total.
  *
- *   cargo build --release -p braid-dsm
- *   cc -O2 -Wall -I include examples/c/dsm_hello.c -o dsm_hello -L target/release -lbraid_dsm
- *   LD_LIBRARY_PATH=target/release braid run -n 3 -- ./dsm_hello
+ *   scripts/install.sh /usr/local        # or any PREFIX (then add -Wl,-rpath,PREFIX/lib)
+ *   cc -O2 -Wall examples/c/dsm_hello.c -o dsm_hello $(pkg-config --cflags --libs braid-dsm)
+ *   braid run -n 3 -- ./dsm_hello
  */
 #include <errno.h>
 #include <stdint.h>

@@ -18,7 +18,8 @@
  * Both check the byte count; the receiver also checks an FNV-1a checksum of the pattern.
  * Exit status 0 on success.
  *
- * Build: cc -O2 -Wall -I include examples/c/exs_braid.c -o exs_braid -L target/release -lexs
+ * Build: cc -O2 -Wall examples/c/exs_braid.c -o exs_braid $(pkg-config --cflags --libs exs)
+ *        (after scripts/install.sh PREFIX; examples/c/run.sh shows a temporary prefix)
  */
 #include <arpa/inet.h>
 #include <errno.h>

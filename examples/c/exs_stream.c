@@ -11,7 +11,8 @@
  * read until the peer closes; they check the byte count and an FNV-1a checksum of the
  * generated pattern and exit nonzero on mismatch.
  *
- * Build: cc -O2 -Wall -I include examples/c/exs_stream.c -o exs_stream -L target/release -lexs
+ * Build: cc -O2 -Wall examples/c/exs_stream.c -o exs_stream $(pkg-config --cflags --libs exs)
+ *        (after scripts/install.sh PREFIX; examples/c/run.sh shows a temporary prefix)
  */
 #include <errno.h>
 #include <netinet/in.h>

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Build libexs (release) and the C examples, then run them on loopback:
+# Build libexs (release), install it into a temporary prefix (scripts/install.sh), build the
+# C examples against that prefix with pkg-config, then run them on loopback:
 #   (a) exs_send sender  -> plain recv() receiver
 #   (b) plain send() sender -> exs_recv receiver
 #   (c) braid mode: exs_send sender -> exs_recv receiver over 4 loopback rails
@@ -20,9 +21,14 @@ trap cleanup EXIT INT TERM
 # The same build as `cargo test --workspace --release` (one feature set, so nothing is
 # rebuilt after the tests; building one package alone would compile the chain again).
 cargo build --release -q --workspace --all-targets
-cc -O2 -Wall -Wextra -I include examples/c/exs_stream.c -o "$OUT/exs_stream" -L target/release -lexs
-cc -O2 -Wall -Wextra -I include examples/c/exs_braid.c -o "$OUT/exs_braid" -L target/release -lexs
-export LD_LIBRARY_PATH="$ROOT/target/release${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. examples/c/prefix.sh
+install_prefix "$OUT/prefix"
+for ex in exs_stream exs_braid; do
+    # shellcheck disable=SC2046 # pkg-config's words
+    cc -O2 -Wall -Wextra examples/c/$ex.c -o "$OUT/$ex" $(pkg-config --cflags --libs exs) \
+        -Wl,-rpath,"$LIBDIR"
+    needs_soname "$OUT/$ex" libexs
+done
 
 run_pair() { # receiver-mode sender-mode
     rm -f "$OUT/port"

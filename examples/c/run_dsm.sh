@@ -1,5 +1,6 @@
 #!/bin/sh
-# Build libbraid_dsm and the C example, then run it as N ranks on loopback, setting the
+# Build libbraid_dsm, install it into a temporary prefix (scripts/install.sh), build the C
+# example against it with pkg-config (shared and static), then run it as N ranks on loopback, setting the
 # launcher environment by hand (what `braid run -n N` or mpirun would do): BRAID_RANK,
 # BRAID_SIZE, BRAID_ROOT, BRAID_JOB. Bounded by `timeout`; fails if any rank fails.
 # Skips (exit 0) where userfaultfd is not permitted.
@@ -13,11 +14,20 @@ trap 'rm -rf "$OUT"' EXIT INT TERM
 # The same build as `cargo test --workspace --release` (one feature set, so nothing is
 # rebuilt after the tests; building one package alone would compile the chain again).
 cargo build --release -q --workspace --all-targets
-cc -O2 -Wall -Wextra -I include examples/c/dsm_hello.c -o "$OUT/dsm_hello" -L target/release -lbraid_dsm
-# The static library links too.
-cc -O2 -Wall -Wextra -I include examples/c/dsm_hello.c -o "$OUT/dsm_hello_static" \
-    target/release/libbraid_dsm.a -lpthread -ldl -lm
-export LD_LIBRARY_PATH="$ROOT/target/release${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Built against an installed temporary prefix, as a user would (examples/c/prefix.sh).
+. examples/c/prefix.sh
+install_prefix "$OUT/prefix"
+# shellcheck disable=SC2046 # pkg-config's words
+cc -O2 -Wall -Wextra examples/c/dsm_hello.c -o "$OUT/dsm_hello" \
+    $(pkg-config --cflags --libs braid-dsm) -Wl,-rpath,"$LIBDIR"
+needs_soname "$OUT/dsm_hello" libbraid_dsm
+# The static library links too, with what pkg-config --static adds (Libs.private).
+# shellcheck disable=SC2046
+cc -O2 -Wall -Wextra examples/c/dsm_hello.c -o "$OUT/dsm_hello_static" $(pkg-config --cflags braid-dsm) \
+    $(pkg-config --static --libs braid-dsm | sed 's/-lbraid_dsm/-l:libbraid_dsm.a/')
+if readelf -d "$OUT/dsm_hello_static" | grep -q 'NEEDED.*libbraid_dsm'; then
+    echo "run_dsm: the static build loads libbraid_dsm.so" >&2; exit 1
+fi
 
 for prog in dsm_hello dsm_hello_static; do
     # A free port below the ephemeral range: one of that range could be taken by a rank's

@@ -34,8 +34,12 @@ trap cleanup EXIT INT TERM
 # The same build as `cargo test --workspace --release` (one feature set, so nothing is
 # rebuilt after the tests; building one package alone would compile the chain again).
 cargo build --release -q --workspace --all-targets
-cc -O2 -Wall -Wextra -I include examples/c/exs_braid.c -o "$OUT/exs_braid" -L target/release -lexs
-export LD_LIBRARY_PATH="$ROOT/target/release${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Built against an installed temporary prefix, as a user would (examples/c/prefix.sh).
+. examples/c/prefix.sh
+install_prefix "$OUT/prefix"
+# shellcheck disable=SC2046 # pkg-config's words
+cc -O2 -Wall -Wextra examples/c/exs_braid.c -o "$OUT/exs_braid" $(pkg-config --cflags --libs exs) \
+    -Wl,-rpath,"$LIBDIR"
 
 if ! "$B" testbed up --name "$NAME" --rails 4; then
     echo "SKIP: cannot create the testbed"

@@ -1,10 +1,11 @@
 /*
  * braid-dsm: a sequentially consistent, page-based distributed shared memory on braid.
  *
- * Link with -lbraid_dsm (target/release/libbraid_dsm.so or .a; the static library also
- * needs -lpthread -ldl -lm). Start the ranks with a launcher: `braid run -n N -- prog`,
- * Open MPI's mpirun, Slurm's srun, or by setting BRAID_RANK, BRAID_SIZE and BRAID_ROOT
- * (docs/LAUNCH.md). docs/DSM.md has the protocol, the consistency guarantee and the limits.
+ * Install with scripts/install.sh PREFIX, build with
+ * `cc prog.c $(pkg-config --cflags --libs braid-dsm)` (static: `pkg-config --static`, whose
+ * Libs.private lists what the Rust runtime needs). Start the ranks with a launcher:
+ * `braid run -n N -- prog`, Open MPI's mpirun, Slurm's srun, or by setting BRAID_RANK,
+ * BRAID_SIZE and BRAID_ROOT (docs/LAUNCH.md). docs/DSM.md has the protocol, the consistency guarantee and the limits.
  *
  * Memory from braid_dsm_alloc is at the same address in every rank, so pointers into it
  * may be stored in it. Plain loads and stores are sequentially consistent across ranks,

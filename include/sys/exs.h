@@ -2,9 +2,11 @@
  * sys/exs.h -- the Extended Sockets API (Open Group ES-API, with UNH EXS extensions),
  * as implemented by braid-exs (libexs.so / libexs.a).
  *
- * Build:  cc -O2 -I include prog.c -L target/release -lexs
- * Run:    LD_LIBRARY_PATH=target/release ./prog
- * (static: cc ... target/release/libexs.a -lpthread -ldl -lm)
+ * Install: scripts/install.sh PREFIX (libexs.so.0, libexs.a, this header, exs.pc)
+ * Build:   cc -O2 prog.c $(pkg-config --cflags --libs exs)
+ *          (a PREFIX outside the loader's path: add -Wl,-rpath,PREFIX/lib)
+ * Static:  cc -O2 prog.c $(pkg-config --cflags exs) \
+ *              $(pkg-config --static --libs exs | sed 's/-lexs/-l:libexs.a/')
  *
  * Model
  * -----

@@ -52,6 +52,8 @@ pub struct LaunchEnv {
     pub secret: Option<Vec<u8>>,
     /// `BRAID_JOIN_TIMEOUT`, when set.
     pub join_timeout: Option<Duration>,
+    /// `BRAID_INSECURE=1`: the rendezvous may listen beyond loopback without a secret.
+    pub insecure: bool,
 }
 
 impl std::fmt::Debug for LaunchEnv {
@@ -65,6 +67,7 @@ impl std::fmt::Debug for LaunchEnv {
             .field("rails", &self.rails)
             .field("secret", &self.secret.as_ref().map(|_| "<set>"))
             .field("join_timeout", &self.join_timeout)
+            .field("insecure", &self.insecure)
             .finish()
     }
 }
@@ -174,6 +177,12 @@ impl LaunchEnv {
             rails,
             secret,
             join_timeout,
+            insecure: get(braid::INSECURE_ENV).is_some_and(|v| {
+                matches!(
+                    v.trim().to_ascii_lowercase().as_str(),
+                    "1" | "true" | "yes" | "on"
+                )
+            }),
         })
     }
 
@@ -188,6 +197,7 @@ impl LaunchEnv {
             rails: None,
             secret: None,
             join_timeout: None,
+            insecure: false,
         }
     }
 }

@@ -263,6 +263,9 @@ impl World {
         let candidates = root_candidates(&env.root)?;
         let (local, overridden) = match &env.rails {
             Some(specs) => (addrs::resolve_rail_specs(specs)?, true),
+            // Without a secret (or consent to go without) the listener stays on loopback:
+            // ranks of one host still meet there, ranks of other hosts are told why not.
+            None if !ctx.may_listen_beyond_loopback() => (vec![], false),
             None => (addrs::interface_addrs(false)?, false),
         };
         let mut bind: Vec<SocketAddr> = local
@@ -301,8 +304,16 @@ impl World {
             rails_override: overridden,
         };
         let server = if env.rank == 0 {
+            let bind = root_bind(&candidates);
+            braid::policy::check_listen(
+                "the rendezvous (rank 0)",
+                &[bind],
+                env.secret.is_some(),
+                env.insecure,
+            )
+            .map_err(|e| BootError::BadEnv(e.to_string()))?;
             Some(RootServer::start(
-                root_bind(&candidates),
+                bind,
                 &env.job,
                 env.size,
                 env.secret.clone(),
@@ -381,6 +392,36 @@ impl World {
         }
     }
 
+    /// One endpoint from the listener, waiting at most 200 ms (so that a failure elsewhere
+    /// ends the wait promptly); `None` if none came in that time.
+    fn accept_one(
+        &self,
+        opts: &WorldOptions,
+        deadline: Instant,
+        timeout: Duration,
+        have: usize,
+        expected: usize,
+    ) -> Result<Option<Endpoint>, BootError> {
+        if let Some(e) = self.link().failure() {
+            return Err(e);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(BootError::Timeout {
+                what: format!(
+                    "accepting endpoints: {have} of the {expected} higher ranks connected"
+                ),
+                waited: timeout,
+            });
+        }
+        let listener = self.listener.as_ref().expect("listener");
+        match listener.accept(&opts.endpoint, left.min(Duration::from_millis(200))) {
+            Ok(ep) => Ok(Some(ep)),
+            Err(braid::Error::Timeout(_)) => Ok(None),
+            Err(e) => Err(self.cause_of(e.into())),
+        }
+    }
+
     /// Tells every rank that this one failed with `e` (unless the failure came from them).
     fn abort(&self, e: &BootError) {
         if let Some(l) = &self.link
@@ -434,9 +475,17 @@ impl World {
                 source,
             };
             if rails.is_empty() {
-                return Err(self.cause_of(err(braid::Error::InvalidArgument(
-                    "no rail between the two ranks".into(),
-                ))));
+                let why = if ctx.may_listen_beyond_loopback() {
+                    "no rail between the two ranks".to_string()
+                } else {
+                    format!(
+                        "no rail between the two ranks: they run on different hosts, and \
+                         without a cluster secret braid listens on loopback only; to \
+                         authenticate, {}",
+                        braid::policy::MAKE_SECRET_HINT
+                    )
+                };
+                return Err(self.cause_of(err(braid::Error::InvalidArgument(why))));
             }
             let mut o = opts.endpoint.clone();
             o.connect_timeout = o
@@ -451,28 +500,15 @@ impl World {
             self.by_endpoint.insert(ep.id(), peer);
             self.endpoints[peer] = Some(ep);
         }
+        // Every higher rank dials us. Endpoints are accepted before the allgather that says
+        // which is which: a stranger's endpoint may take a place then; it is found out and
+        // dropped below, and accepting goes on until every higher rank is there.
         let expected = self.size - 1 - self.rank;
         let mut accepted = Vec::with_capacity(expected);
-        let listener = self.listener.as_ref().expect("listener");
         while accepted.len() < expected {
-            if let Some(e) = self.link().failure() {
-                return Err(e);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(BootError::Timeout {
-                    what: format!(
-                        "accepting endpoints: {} of the {expected} higher ranks connected",
-                        accepted.len()
-                    ),
-                    waited: timeout,
-                });
-            }
-            // Short waits, so that a failure elsewhere ends this one promptly.
-            match listener.accept(&opts.endpoint, left.min(Duration::from_millis(200))) {
-                Ok(ep) => accepted.push(ep),
-                Err(braid::Error::Timeout(_)) => {}
-                Err(e) => return Err(self.cause_of(e.into())),
+            match self.accept_one(opts, deadline, timeout, accepted.len(), expected)? {
+                Some(ep) => accepted.push(ep),
+                None => continue,
             }
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -487,12 +523,24 @@ impl World {
                 }
             }
         }
-        for ep in accepted {
+        let mut placed = 0;
+        let mut pending = accepted.into_iter();
+        while placed < expected {
+            let ep = match pending.next() {
+                Some(ep) => ep,
+                None => match self.accept_one(opts, deadline, timeout, placed, expected)? {
+                    Some(ep) => ep,
+                    None => continue,
+                },
+            };
             let from = canonical(ep.rail_addrs()[0].1);
             let Some(&q) = by_addr.get(&from) else {
-                return Err(BootError::Mesh(format!(
-                    "an endpoint from {from} is no rank's (a stray connection to the braid listener?)"
-                )));
+                // No rank dialled from there: a stranger (or a leftover of another job).
+                tracing::warn!(
+                    rank = self.rank,
+                    "dropped an endpoint from {from}: it is no rank's (a stray connection to the braid listener)"
+                );
+                continue;
             };
             if self.endpoints[q].is_some() {
                 return Err(BootError::Mesh(format!("rank {q} connected twice")));
@@ -506,6 +554,11 @@ impl World {
             }
             self.by_endpoint.insert(ep.id(), q);
             self.endpoints[q] = Some(ep);
+            placed += 1;
+        }
+        // From now on the listener only takes back failed rails of these endpoints.
+        if let Some(l) = &self.listener {
+            l.refuse_new_endpoints();
         }
         let left = deadline.saturating_duration_since(Instant::now());
         self.link()

@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// The anonymous group squashed callers act as.
     #[arg(long, default_value_t = braid_fs::server::ANON_ID)]
     anon_gid: u32,
+    /// Serve on non-loopback addresses without a cluster secret (no authentication: anyone
+    /// who reaches the port is served). As BRAID_INSECURE=1; prints a warning.
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// `braid fs mount`.
@@ -135,7 +139,9 @@ fn serve(a: &ServeArgs) -> Result<()> {
         bail!("--listen needs at least one address");
     }
     let stop = signal_flag()?;
-    let ctx = braid::Context::new()?;
+    let mut ccfg = braid::ContextConfig::from_env()?;
+    ccfg.insecure |= a.insecure;
+    let ctx = braid::Context::with_config(ccfg)?;
     let mut cfg = ServerConfig::new(&a.export, a.listen.iter().map(|s| (*s).into()).collect());
     cfg.read_only = a.read_only;
     cfg.workers = a.workers.clamp(1, 64);

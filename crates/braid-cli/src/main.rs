@@ -60,6 +60,13 @@ enum Cmd {
     /// Launch N ranks of a program (like torchrun): on loopback, or spread over the hosts of
     /// a standing testbed, with BRAID_RANK/SIZE/ROOT/JOB set; output prefixed by `[rank] `.
     Run(RunArgs),
+    /// What braid sees and would use on this host: interfaces and rail addresses, usable
+    /// transports (with why one is not), every BRAID_* setting in effect, versions.
+    Info {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Internal: the target process of `braid soak --kill-peer`.
     #[command(hide = true)]
     SoakPeer(braid_bench::soak::PeerArgs),
@@ -456,6 +463,15 @@ fn real_main() -> Result<()> {
             braid_bench::soak::main(&a)
         }
         Cmd::SoakPeer(a) => braid_bench::soak::peer_main(&a),
+        Cmd::Info { json } => {
+            let info = braid_cli::info::gather()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&info)?);
+            } else {
+                print!("{}", braid_cli::info::render(&info));
+            }
+            Ok(())
+        }
         Cmd::Run(a) => {
             let opts = braid_cli::run::RunOpts {
                 ranks: a.ranks,

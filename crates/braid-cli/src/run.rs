@@ -210,6 +210,7 @@ pub fn run(opts: &RunOpts) -> Result<i32> {
         None => free_port(testbed.as_ref().map(|t| t.host_ns(0)).as_deref())?,
     };
     let places = plan(opts, testbed.as_ref(), port, &job);
+    let secret = job_secret()?;
 
     let (tx, rx) = mpsc::channel::<Event>();
     // Signals first, so that one arriving during start-up is not lost.
@@ -244,6 +245,9 @@ pub fn run(opts: &RunOpts) -> Result<i32> {
         }
         for (k, v) in &p.env {
             cmd.env(k, v);
+        }
+        if let Some(s) = &secret {
+            cmd.env(braid::SECRET_ENV, s);
         }
         confine_child(&mut cmd, p.netns.as_deref())?;
         let spawned = cmd.spawn();
@@ -416,6 +420,21 @@ pub fn run(opts: &RunOpts) -> Result<i32> {
     }
     sig_handle.close();
     Ok(code.unwrap_or(0))
+}
+
+/// The secret `braid run` hands its ranks (`BRAID_SECRET`) when the user gave none: fresh for
+/// every job, so the rendezvous and the ranks' rails authenticate without any setup, and no
+/// other job (or stranger) can join. `None` when `BRAID_SECRET` or `BRAID_SECRET_FILE` is
+/// set: the ranks then use the user's (it may be needed to reach their servers).
+fn job_secret() -> Result<Option<String>> {
+    if std::env::var_os(braid::SECRET_ENV).is_some()
+        || std::env::var_os(braid::SECRET_FILE_ENV).is_some()
+    {
+        return Ok(None);
+    }
+    let mut b = [0u8; 32];
+    getrandom_bytes(&mut b).context("making the job's secret from /dev/urandom")?;
+    Ok(Some(b.iter().map(|x| format!("{x:02x}")).collect()))
 }
 
 fn getrandom_bytes(b: &mut [u8]) -> std::io::Result<()> {

@@ -169,6 +169,9 @@ impl Cluster {
                 .arg(format!("--net=/run/netns/{}", self.tb.host_ns(h)))
                 .args([EXE, "fs", "mount", "--rails", &rails.join(",")])
                 .env("RUST_LOG", "error")
+                // The server's (tb.command) secret: it listens on testbed addresses.
+                .env("BRAID_SECRET", testbed::harness_secret())
+                .env_remove("BRAID_SECRET_FILE")
                 .arg(&at)
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())

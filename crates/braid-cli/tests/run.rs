@@ -109,6 +109,33 @@ fn ring_of_three_on_loopback() {
     assert!(o.stdout.contains("token 6 ok"), "{}", o.stdout);
 }
 
+#[test]
+fn braid_run_gives_its_ranks_a_fresh_job_secret() {
+    let secret_of = || {
+        let o = run_bounded(
+            braid()
+                .env_remove("BRAID_SECRET")
+                .env_remove("BRAID_SECRET_FILE")
+                .args(["run", "-n", "2", "--timeout", "30", "--"])
+                .args(["sh", "-c", "echo secret=$BRAID_SECRET"]),
+            Duration::from_secs(60),
+        );
+        assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
+        let mut seen: Vec<String> = o
+            .stdout
+            .lines()
+            .filter_map(|l| l.split_once("secret=").map(|(_, s)| s.to_string()))
+            .collect();
+        assert_eq!(seen.len(), 2, "{}", o.stdout);
+        seen.dedup();
+        assert_eq!(seen.len(), 1, "both ranks get the same secret: {seen:?}");
+        seen.pop().unwrap()
+    };
+    let (a, b) = (secret_of(), secret_of());
+    assert_eq!(a.len(), 64, "{a:?}");
+    assert_ne!(a, b, "every job has its own secret");
+}
+
 /// A shell rank script: every rank but `bad` writes its pid into DIR/pid.N and sleeps; rank
 /// `bad` waits (bounded by braid run's timeout) until the others have, then exits 3.
 fn failing_job_script(dir: &std::path::Path, n: usize, bad: usize) -> String {
@@ -414,6 +441,8 @@ fn mpirun_across_testbed_hosts() {
             .arg(format!("{}:1,{}:1", tb.host_ns(0), tb.host_ns(1)))
             .args(["-n", "2", "-x"])
             .arg(format!("BRAID_ROOT={root}"))
+            // The one line docs/LAUNCH.md shows: the job's secret, to every rank.
+            .args(["-x", "BRAID_SECRET=mpirun-test-secret-0123456789abcdef"])
             .arg(&ring),
         Duration::from_secs(90),
     );

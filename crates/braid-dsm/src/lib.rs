@@ -50,7 +50,7 @@ mod runtime;
 pub use api::{Allocation, Dsm, DsmStats};
 pub use config::{
     DsmConfig, HOME_ENV, LOCKS_ENV, SLOTS_ENV, SPACE_ENV, SPIN_ENV, SPIN_WAIT_ENV,
-    USER_FAULTS_ONLY_ENV, parse_policy,
+    SPREAD_RAILS_ENV, USER_FAULTS_ONLY_ENV, parse_policy,
 };
 pub use error::DsmError;
 pub use proto::HomePolicy;

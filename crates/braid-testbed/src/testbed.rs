@@ -77,6 +77,28 @@ use serde::{Deserialize, Serialize};
 
 use crate::parse::Rate;
 
+/// The cluster secret of the braid processes this process starts in a testbed (fresh random
+/// for each harness process): [`Testbed::command`] hands it to children as `BRAID_SECRET`,
+/// and in-process contexts of the harness use it too, so both ends authenticate.
+pub fn harness_secret() -> &'static str {
+    static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SECRET.get_or_init(|| {
+        let mut b = [0u8; 32];
+        let filled = fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+        if filled.is_err() {
+            // No urandom: still unique per process and moment (the harness's own network).
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            b[..16].copy_from_slice(&t.to_le_bytes());
+            b[16..20].copy_from_slice(&std::process::id().to_le_bytes());
+        }
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    })
+}
+
 /// What a testbed looks like; two equal specs describe the same testbed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TestbedSpec {
@@ -420,12 +442,16 @@ impl Testbed {
             .collect()
     }
 
-    /// A command that runs `program` inside host `i`'s namespace (`ip netns exec NS program`).
+    /// A command that runs `program` inside host `i`'s namespace (`ip netns exec NS program`),
+    /// with [`harness_secret`] as its cluster secret (`BRAID_SECRET`): the testbed's
+    /// addresses are not loopback ones, where braid listens only with a secret.
     pub fn command(&self, host: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec"])
             .arg(self.host_ns(host))
-            .arg(program);
+            .arg(program)
+            .env("BRAID_SECRET", harness_secret())
+            .env_remove("BRAID_SECRET_FILE");
         c
     }
 

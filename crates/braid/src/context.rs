@@ -4,6 +4,7 @@
 
 mod handshake;
 mod listener;
+pub mod policy;
 mod raw_rail;
 mod redial;
 mod same_host;
@@ -32,7 +33,7 @@ use braid_proto::Session;
 use braid_proto::error::Error;
 use braid_proto::mem::registry::random_u64;
 use braid_proto::mem::{Access, Region, RegionOptions, Registry};
-use braid_proto::wire::handshake::{MAX_RAILS, caps};
+use braid_proto::wire::handshake::{MAC_LEN, MAX_RAILS, caps};
 
 static NEXT_ENDPOINT: AtomicU64 = AtomicU64::new(1);
 
@@ -67,6 +68,11 @@ pub struct ContextConfig {
     /// the least CPU when rails are slow or a thread polls its queue itself (its reads
     /// take the place of the engine's). See docs/ARCHITECTURE.md, "Progress engine".
     pub engine_threads: usize,
+    /// Listen on non-loopback addresses without a secret (unauthenticated peers accepted).
+    /// Off by default: without a secret, [`Context::listen`] then refuses any address that
+    /// is not a loopback one, with an error that says how to make a secret. Set from
+    /// `BRAID_INSECURE=1` by [`ContextConfig::from_env`]; a warning is printed once.
+    pub insecure: bool,
 }
 
 impl std::fmt::Debug for ContextConfig {
@@ -75,6 +81,7 @@ impl std::fmt::Debug for ContextConfig {
             .field("secret", &self.secret.as_ref().map(|_| "<set>"))
             .field("max_registered_bytes", &self.max_registered_bytes)
             .field("engine_threads", &self.engine_threads)
+            .field("insecure", &self.insecure)
             .finish()
     }
 }
@@ -82,7 +89,8 @@ impl std::fmt::Debug for ContextConfig {
 impl ContextConfig {
     /// Defaults, with the secret taken from `BRAID_SECRET`, or from the file named by
     /// `BRAID_SECRET_FILE` (trailing newline removed), if either is set, and the engine
-    /// threads from `BRAID_ENGINE_THREADS` (1 if unset).
+    /// threads from `BRAID_ENGINE_THREADS` (1 if unset), and [`ContextConfig::insecure`]
+    /// from `BRAID_INSECURE`.
     pub fn from_env() -> Result<ContextConfig, Error> {
         let secret = if let Some(s) = std::env::var_os(SECRET_ENV) {
             Some(s.into_encoded_bytes())
@@ -114,6 +122,7 @@ impl ContextConfig {
             secret,
             max_registered_bytes: None,
             engine_threads,
+            insecure: policy::insecure_from_env(),
         })
     }
 }
@@ -138,14 +147,20 @@ pub(crate) struct RailLink {
     pub(crate) addrs: (SocketAddr, SocketAddr),
 }
 
+/// An endpoint accepted here, by which a rail re-joins: the endpoint and its join token.
+type LiveSession = (Weak<EndpointShared>, [u8; MAC_LEN]);
+
 struct ContextInner {
     registry: Arc<Registry>,
     engine: Arc<Engine>,
     /// Progress threads (see [`ContextConfig::engine_threads`]).
     engine_threads: usize,
     secret: Option<Arc<[u8]>>,
-    /// Endpoints accepted here, by their session id: where re-joining rails go.
-    live: Mutex<HashMap<u64, Weak<EndpointShared>>>,
+    /// [`ContextConfig::insecure`].
+    insecure: bool,
+    /// Endpoints accepted here, by their session id: where re-joining rails go, with the
+    /// join token a re-join must prove when there is no secret.
+    live: Mutex<HashMap<u64, LiveSession>>,
 }
 
 /// braid's per-process state: the registry of regions and the progress engine thread that
@@ -185,6 +200,7 @@ impl Context {
                 engine: Arc::new(engine),
                 engine_threads: cfg.engine_threads.max(1),
                 secret: cfg.secret.map(Arc::from),
+                insecure: cfg.insecure,
                 live: Mutex::new(HashMap::new()),
             }),
         })
@@ -283,13 +299,33 @@ impl Context {
         CompletionQueue::new(capacity)
     }
 
+    /// Whether this context has a cluster secret (its rails authenticate).
+    pub fn has_secret(&self) -> bool {
+        self.inner.secret.is_some()
+    }
+
+    /// Whether [`Context::listen`] accepts addresses other than loopback ones: the context
+    /// has a secret, or was configured [`ContextConfig::insecure`].
+    pub fn may_listen_beyond_loopback(&self) -> bool {
+        self.inner.secret.is_some() || self.inner.insecure
+    }
+
     /// Listens for endpoints on each of `addrs` (one address per rail; port 0 picks one).
+    ///
+    /// Without a cluster secret, only loopback addresses are allowed unless
+    /// [`ContextConfig::insecure`] (see [`policy::check_listen`]).
     pub fn listen(&self, addrs: &[SocketAddr]) -> Result<Listener, Error> {
         if addrs.is_empty() {
             return Err(Error::InvalidArgument(
                 "listen needs at least one address".into(),
             ));
         }
+        policy::check_listen(
+            "the braid listener",
+            addrs,
+            self.inner.secret.is_some(),
+            self.inner.insecure,
+        )?;
         let mut sockets = Vec::new();
         for a in addrs {
             let s = Socket::new(Domain::for_address(*a), Type::STREAM, None)?;
@@ -317,8 +353,9 @@ impl Context {
         let netns = NetNs::current();
         let mut links = Vec::new();
         let mut crc = opts.session.payload_crc;
+        let mut join_token = [0; MAC_LEN];
         for (i, r) in rails.iter().enumerate() {
-            let (link, peer_caps) = connect_rail(
+            let (link, peer_caps, token) = connect_rail(
                 r,
                 i as u16,
                 rails.len() as u16,
@@ -326,8 +363,11 @@ impl Context {
                 opts,
                 self.inner.secret.as_deref(),
                 false,
+                None,
             )?;
             crc = peer_caps & caps::PAYLOAD_CRC32C != 0;
+            // One token per session: every rail's reply carries the same.
+            join_token = token;
             links.push(link);
         }
         let redial = Redial {
@@ -335,6 +375,7 @@ impl Context {
             session_id,
             opts: opts.clone(),
             secret: self.inner.secret.clone(),
+            join_token,
             engine: self.inner.engine.kicker(),
             busy: Mutex::new(0),
             netns,

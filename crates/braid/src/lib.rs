@@ -40,6 +40,7 @@ mod cq;
 mod endpoint;
 mod engine;
 mod netns;
+pub mod throttle;
 
 pub use braid_proto::wire::handshake::MAX_RAILS;
 pub use braid_proto::wire::sgl::MAX_REMOTE_SGE;
@@ -47,9 +48,10 @@ pub use braid_proto::{
     Access, Completion, CompletionKind, Error, Region, RegionOptions, RemoteKey, RemoteSge,
     SessionConfig, Sge, Status,
 };
+pub use context::policy::INSECURE_ENV;
 pub use context::{
     Context, ContextConfig, ENGINE_THREADS_ENV, Listener, MAX_ENGINE_THREADS, SECRET_ENV,
-    SECRET_FILE_ENV,
+    SECRET_FILE_ENV, policy,
 };
 pub use cq::{ArmedQueue, CompletionQueue, NextCompletion};
 pub use endpoint::{

@@ -24,6 +24,16 @@ struct Side {
     _listener: Option<Listener>,
 }
 
+/// A context whose rails authenticate: the testbed's addresses are not loopback ones, and
+/// braid listens there only with a cluster secret.
+fn testbed_context() -> Context {
+    Context::with_config(braid::ContextConfig {
+        secret: Some(b"raw-rails test secret".to_vec()),
+        ..braid::ContextConfig::from_env().unwrap()
+    })
+    .unwrap()
+}
+
 /// Host 1 accepts with `server`'s transport, host 0 connects over every rail with `client`'s;
 /// each context is made in its host's namespace (so are its engine and re-dial threads).
 fn connect(tb: &Testbed, client: RailTransport, server: RailTransport) -> (Side, Side) {
@@ -34,7 +44,7 @@ fn connect(tb: &Testbed, client: RailTransport, server: RailTransport) -> (Side,
         .map(|p| SocketAddr::new(p.1.into(), 0))
         .collect();
     let srv = spawn_in_netns(&tb.host_ns(1), move || {
-        let ctx = Context::new().unwrap();
+        let ctx = testbed_context();
         let cq = ctx.create_cq(256);
         let listener = ctx.listen(&listen).unwrap();
         addr_tx.send(listener.local_addrs()).unwrap();
@@ -52,7 +62,7 @@ fn connect(tb: &Testbed, client: RailTransport, server: RailTransport) -> (Side,
     .unwrap();
     let remote = addr_rx.recv_timeout(WAIT).expect("the server listens");
     let cli = spawn_in_netns(&tb.host_ns(0), move || {
-        let ctx = Context::new().unwrap();
+        let ctx = testbed_context();
         let cq = ctx.create_cq(256);
         let rails: Vec<RailAddr> = pairs
             .iter()

@@ -290,3 +290,94 @@ fn completion_queue_capacity_refuses_posts_instead_of_losing_completions() {
         assert_eq!(c.wr_id, i);
     }
 }
+
+#[test]
+fn without_a_secret_only_loopback_listens_unless_insecure() {
+    let wildcard: SocketAddr = "0.0.0.0:0".parse().unwrap();
+    let e = ctx(None).listen(&[wildcard]).unwrap_err().to_string();
+    assert!(
+        e.contains("without a cluster secret")
+            && e.contains("BRAID_SECRET_FILE")
+            && e.contains("BRAID_INSECURE=1"),
+        "{e}"
+    );
+    // Loopback stays zero-config; a secret or explicit consent opens other addresses.
+    ctx(None).listen(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    ctx(Some("s3cret")).listen(&[wildcard]).unwrap();
+    let insecure = Context::with_config(ContextConfig {
+        insecure: true,
+        ..ContextConfig::default()
+    })
+    .unwrap();
+    insecure.listen(&[wildcard]).unwrap();
+}
+
+/// Sends `hello` on a new connection to `addr` and returns the stream and the first reply.
+fn hello_to(addr: SocketAddr, hello: &Hello) -> (TcpStream, HelloReply) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(&hello.encode()).unwrap();
+    let mut b = [0u8; HANDSHAKE_LEN];
+    s.read_exact(&mut b).unwrap();
+    (s, HelloReply::decode(&b).unwrap())
+}
+
+fn reply_to(s: &mut TcpStream, mac: [u8; 32]) -> HelloReply {
+    s.write_all(&AuthProof { mac }.encode()).unwrap();
+    let mut b = [0u8; HANDSHAKE_LEN];
+    s.read_exact(&mut b).unwrap();
+    HelloReply::decode(&b).unwrap()
+}
+
+#[test]
+fn a_sniffed_session_id_does_not_rejoin_without_the_join_token() {
+    use braid_proto::wire::handshake::{HANDSHAKE_VERSION, caps, verify_auth_mac};
+    let server = ctx(None);
+    let l = server.listen(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+    let addr = l.local_addrs()[0];
+    let session_id = 0x005e_ed1d_u64;
+    let hello = |capabilities, nonce: u8| Hello {
+        version: HANDSHAKE_VERSION,
+        rail_index: 0,
+        rail_count: 1,
+        capabilities,
+        max_chunk: 1 << 16,
+        session_id,
+        nonce: [nonce; 16],
+        same_host: None,
+    };
+    // The rightful client's first join: accepted, with the session's join token.
+    let (_victim, first) = hello_to(addr, &hello(0, 1));
+    assert_eq!(first.status, HandshakeStatus::Accepted);
+    let token = first.auth;
+    assert_ne!(token, [0; 32], "a join token is handed out");
+    let ep = l.accept(&opts(&server), WAIT).unwrap();
+    // A stranger who sniffed the id: challenged, and refused with a wrong proof.
+    let (mut s, challenge) = hello_to(addr, &hello(caps::REJOIN, 2));
+    assert_eq!(challenge.status, HandshakeStatus::AuthRequired);
+    assert_eq!(
+        reply_to(&mut s, [7; 32]).status,
+        HandshakeStatus::AuthFailed
+    );
+    // A replay of a proof made for another connection's nonces is refused too.
+    let (mut s, c2) = hello_to(addr, &hello(caps::REJOIN, 3));
+    let n2: [u8; 16] = c2.auth[..16].try_into().unwrap();
+    let stale = auth_mac(&token, AuthRole::Connector, &[2; 16], &n2, session_id, 0);
+    assert_eq!(reply_to(&mut s, stale).status, HandshakeStatus::AuthFailed);
+    // The holder of the token re-joins, and the acceptor proves it knows the token too.
+    let (mut s, c3) = hello_to(addr, &hello(caps::REJOIN, 4));
+    let n3: [u8; 16] = c3.auth[..16].try_into().unwrap();
+    let proof = auth_mac(&token, AuthRole::Connector, &[4; 16], &n3, session_id, 0);
+    let done = reply_to(&mut s, proof);
+    assert_eq!(done.status, HandshakeStatus::Accepted);
+    assert!(verify_auth_mac(
+        &token,
+        AuthRole::Acceptor,
+        &[4; 16],
+        &n3,
+        session_id,
+        0,
+        &done.auth
+    ));
+    drop(ep);
+}

@@ -177,7 +177,7 @@ pub fn kill_peer(a: &SoakArgs) -> Result<KillReport> {
     let job = {
         let signalled = signalled.clone();
         net.spawn(0, move || -> Result<(u64, Vec<Done>)> {
-            let ctx = Context::new()?;
+            let ctx = super::net::harness_context()?;
             let ep = ctx.connect(&rails, &copts)?;
             let src = ctx.alloc_region(op, Access::all())?;
             let mut pat = vec![0u8; op];

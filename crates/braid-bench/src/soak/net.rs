@@ -163,9 +163,23 @@ impl Net {
     pub(super) fn command(&self, host: usize, exe: &std::path::Path) -> Command {
         match &self.tb {
             Some(tb) => tb.command(host, exe),
-            None => Command::new(exe),
+            None => {
+                let mut c = Command::new(exe);
+                c.env("BRAID_SECRET", testbed::harness_secret())
+                    .env_remove("BRAID_SECRET_FILE");
+                c
+            }
         }
     }
+}
+
+/// A context of the harness, with the secret its testbed children get
+/// ([`braid_testbed::testbed::harness_secret`]): testbed addresses are not loopback ones.
+pub(super) fn harness_context() -> Result<Context> {
+    Ok(Context::with_config(braid::ContextConfig {
+        secret: Some(braid_testbed::testbed::harness_secret().as_bytes().to_vec()),
+        ..braid::ContextConfig::from_env()?
+    })?)
 }
 
 /// Both ends of `n` endpoints: server (host 1) and client (host 0).
@@ -186,8 +200,8 @@ pub(super) fn session_config(peer_timeout: Duration) -> SessionConfig {
 
 /// The contexts of host 1 (server) and host 0 (client), each made in its host's namespace.
 pub(super) fn contexts(net: &Net) -> Result<(Context, Context)> {
-    let s = join(net.spawn(1, || Ok(Context::new()?))?)?;
-    let c = join(net.spawn(0, || Ok(Context::new()?))?)?;
+    let s = join(net.spawn(1, harness_context)?)?;
+    let c = join(net.spawn(0, harness_context)?)?;
     Ok((s, c))
 }
 

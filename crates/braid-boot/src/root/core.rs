@@ -121,8 +121,10 @@ impl RootCore {
         self.out.push(Action::Close(conn));
     }
 
-    /// An authenticated process asks to join as `rank`; `welcome` is the message that admits
-    /// it (carrying the rendezvous's proof).
+    /// A process asks to join as `rank`; `welcome` is the message that admits it (carrying
+    /// the rendezvous's proof). `authenticated`: it proved the cluster secret. Only an
+    /// authenticated join that conflicts with the job (size, duplicate rank) fails the job;
+    /// without a secret such a join could be anyone's, and is refused alone.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn join(
         &mut self,
@@ -133,16 +135,15 @@ impl RootCore {
         info: RankInfo,
         seen: IpAddr,
         welcome: ServerMsg,
+        authenticated: bool,
     ) {
         let who = format!("pid {} on {} ({seen})", info.pid, info.hostname);
         if job != self.job {
+            // The job's own id is not told: the peer may be a stranger fishing for it.
             return self.refuse(
                 conn,
                 Refusal::WrongJob,
-                format!(
-                    "this rendezvous serves job {:?}; {who} belongs to job {job:?}",
-                    self.job
-                ),
+                format!("this rendezvous serves another job, not {job:?} ({who})"),
             );
         }
         match &self.phase {
@@ -172,6 +173,9 @@ impl RootCore {
                 Refusal::SizeMismatch,
                 format!("{who} has size {size}, rank 0 has {}", self.size),
             );
+            if !authenticated {
+                return;
+            }
             return self.fail(Failure::SizeMismatch {
                 rank,
                 size,
@@ -193,6 +197,9 @@ impl RootCore {
                 Refusal::DuplicateRank,
                 format!("rank {rank} already joined ({first})"),
             );
+            if !authenticated {
+                return;
+            }
             return self.fail(Failure::DuplicateRank {
                 rank,
                 first,
@@ -391,6 +398,7 @@ mod tests {
                 info(r as u32),
                 seen(),
                 welcome(),
+                true,
             );
         }
         let a = c.take_actions();
@@ -458,11 +466,11 @@ mod tests {
     #[test]
     fn wrong_job_is_refused_without_harm() {
         let mut c = RootCore::new("j", 2, Instant::now(), Duration::from_secs(10));
-        c.join(7, "other", 1, 2, info(9), seen(), welcome());
+        c.join(7, "other", 1, 2, info(9), seen(), welcome(), true);
         let a = c.take_actions();
         assert!(matches!(
             &a[0],
-            Action::Send(7, ServerMsg::Refuse { kind: Refusal::WrongJob, detail }) if detail.contains("\"other\"")
+            Action::Send(7, ServerMsg::Refuse { kind: Refusal::WrongJob, detail }) if detail.contains("\"other\"") && !detail.contains("\"j\"")
         ));
         assert_eq!(a[1], Action::Close(7));
         assert!(c.failed().is_none());
@@ -471,12 +479,39 @@ mod tests {
     }
 
     #[test]
+    fn unauthenticated_conflicting_joins_are_refused_alone() {
+        let mut c = RootCore::new("secret-job", 2, Instant::now(), Duration::from_secs(10));
+        c.join(0, "secret-job", 0, 2, info(1), seen(), welcome(), false);
+        c.take_actions();
+        // Fishing for the job id learns nothing of it.
+        c.join(5, "guess", 1, 2, info(9), seen(), welcome(), false);
+        let a = c.take_actions();
+        assert!(matches!(
+            &a[0],
+            Action::Send(5, ServerMsg::Refuse { kind: Refusal::WrongJob, detail })
+                if !detail.contains("secret-job")
+        ));
+        // A forged size or a second rank 0 is refused, and the job goes on.
+        c.join(6, "secret-job", 1, 3, info(9), seen(), welcome(), false);
+        c.join(7, "secret-job", 0, 2, info(9), seen(), welcome(), false);
+        let a = c.take_actions();
+        assert!(failures(&a).is_empty(), "{a:?}");
+        assert!(a.contains(&Action::Close(6)) && a.contains(&Action::Close(7)));
+        assert!(c.failed().is_none());
+        c.join(1, "secret-job", 1, 2, info(2), seen(), welcome(), false);
+        assert!(matches!(
+            c.take_actions().last(),
+            Some(Action::Send(_, ServerMsg::Table(_)))
+        ));
+    }
+
+    #[test]
     fn duplicate_rank_and_size_mismatch_abort_the_job() {
         let mut c = RootCore::new("j", 3, Instant::now(), Duration::from_secs(10));
-        c.join(0, "j", 0, 3, info(1), seen(), welcome());
-        c.join(1, "j", 1, 3, info(2), seen(), welcome());
+        c.join(0, "j", 0, 3, info(1), seen(), welcome(), true);
+        c.join(1, "j", 1, 3, info(2), seen(), welcome(), true);
         c.take_actions();
-        c.join(2, "j", 1, 3, info(3), seen(), welcome());
+        c.join(2, "j", 1, 3, info(3), seen(), welcome(), true);
         let a = c.take_actions();
         assert!(matches!(
             &a[0],
@@ -492,15 +527,15 @@ mod tests {
         assert_eq!(f.len(), 2, "both joined ranks hear of it: {a:?}");
         assert!(matches!(f[0].1, Failure::DuplicateRank { rank: 1, .. }));
         // Later joiners are refused with the failure.
-        c.join(3, "j", 2, 3, info(4), seen(), welcome());
+        c.join(3, "j", 2, 3, info(4), seen(), welcome(), true);
         assert!(matches!(
             &c.take_actions()[0],
             Action::Send(3, ServerMsg::Failed(Failure::DuplicateRank { rank: 1, .. }))
         ));
 
         let mut c = RootCore::new("j", 2, Instant::now(), Duration::from_secs(10));
-        c.join(0, "j", 0, 2, info(1), seen(), welcome());
-        c.join(1, "j", 1, 3, info(2), seen(), welcome());
+        c.join(0, "j", 0, 2, info(1), seen(), welcome(), true);
+        c.join(1, "j", 1, 3, info(2), seen(), welcome(), true);
         let a = c.take_actions();
         assert!(a.contains(&Action::Send(
             0,
@@ -526,8 +561,8 @@ mod tests {
     fn join_timeout_names_the_missing_ranks() {
         let t0 = Instant::now();
         let mut c = RootCore::new("j", 4, t0, Duration::from_secs(2));
-        c.join(0, "j", 0, 4, info(1), seen(), welcome());
-        c.join(2, "j", 2, 4, info(1), seen(), welcome());
+        c.join(0, "j", 0, 4, info(1), seen(), welcome(), true);
+        c.join(2, "j", 2, 4, info(1), seen(), welcome(), true);
         c.tick(t0 + Duration::from_secs(1));
         assert!(c.failed().is_none());
         c.tick(t0 + Duration::from_secs(2));
@@ -545,8 +580,8 @@ mod tests {
     #[test]
     fn a_dead_rank_fails_everyone_but_a_goodbye_does_not() {
         let mut c = RootCore::new("j", 3, Instant::now(), Duration::from_secs(10));
-        c.join(0, "j", 0, 3, info(1), seen(), welcome());
-        c.join(1, "j", 1, 3, info(2), seen(), welcome());
+        c.join(0, "j", 0, 3, info(1), seen(), welcome(), true);
+        c.join(1, "j", 1, 3, info(2), seen(), welcome(), true);
         c.take_actions();
         c.closed(1, "connection reset");
         let f = failures(&c.take_actions());
@@ -558,7 +593,7 @@ mod tests {
         // ranks that did join are gone.
         c.closed(0, "eof");
         assert!(!c.finished());
-        c.join(2, "j", 2, 3, info(3), seen(), welcome());
+        c.join(2, "j", 2, 3, info(3), seen(), welcome(), true);
         let late = failures(&c.take_actions());
         assert!(
             matches!(&late[..], [(2, Failure::RankDied { rank: 1, .. })]),

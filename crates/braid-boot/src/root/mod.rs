@@ -1,4 +1,5 @@
 //! The rendezvous, hosted by rank 0: a sans-IO core and its socket driver.
 
 pub(crate) mod core;
+mod greet;
 pub(crate) mod server;

@@ -1,29 +1,38 @@
-//! The rendezvous's I/O: a listening socket, a thread per connection that authenticates the
-//! rank and then reads its frames, and the thread that feeds [`RootCore`] and writes its
-//! messages.
+//! The rendezvous's I/O: a listening socket, a small fixed pool of handshake workers that
+//! authenticate each connection within a whole-message deadline, a reader thread per
+//! admitted rank, and the thread that feeds [`RootCore`] and writes its messages. A
+//! stranger costs a queue slot for at most the handshake deadline, never a thread.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use braid::throttle::LogThrottle;
+
 use super::core::{Action, ConnId, RootCore};
-use crate::auth::{self, Role};
-use crate::error::{BootError, Refusal};
+use super::greet::{Greeting, Progress};
+use crate::error::BootError;
 use crate::wire::{self, ClientMsg, ServerMsg};
 
-/// Bound on the hello exchange of a new connection.
+/// Bound on the whole hello exchange of a new connection (however its bytes dribble in),
+/// counted from its accept.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections whose greeting is in progress at once (served by the accept thread's poll,
+/// no thread each); when full, the oldest is closed.
+const MAX_GREETING: usize = 256;
+/// Reader threads of admitted connections beyond the job's size (refused ones end at once).
+const EXTRA_READERS: usize = 16;
+/// At most one warning per this interval about refused or dropped connections.
+const WARN_INTERVAL: Duration = Duration::from_secs(1);
 /// Bound on writing one message to a rank.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The first frame (a join) is small; an unauthenticated peer gets no more room than this.
-const JOIN_FRAME_LIMIT: usize = 64 * 1024;
 
-enum Event {
+pub(super) enum Event {
     Join {
         conn: ConnId,
         job: String,
@@ -32,6 +41,8 @@ enum Event {
         info: wire::RankInfo,
         seen: std::net::IpAddr,
         welcome: ServerMsg,
+        /// The process proved the cluster secret.
+        authenticated: bool,
     },
     Msg(ConnId, ClientMsg),
     Closed(ConnId, String),
@@ -44,6 +55,27 @@ struct Shared {
     /// Every open connection (a clone), so stopping can shut them all down.
     conns: Mutex<HashMap<ConnId, TcpStream>>,
     next_conn: AtomicU64,
+    /// Reader threads running (admitted connections).
+    readers: AtomicUsize,
+    max_readers: usize,
+    /// Rate limit of warnings about strangers' connections.
+    warn: LogThrottle,
+    accept_log: LogThrottle,
+}
+
+impl Shared {
+    fn forget(&self, conn: ConnId) {
+        if let Some(s) = self.conns.lock().expect("conns lock").remove(&conn) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// A warning about one connection, at most one per [`WARN_INTERVAL`].
+    fn warn(&self, from: SocketAddr, what: &str) {
+        if let Some(held) = self.warn.allow() {
+            tracing::warn!(peer = %from, held_back = held, "rendezvous: {what}");
+        }
+    }
 }
 
 /// A running rendezvous (hosted by rank 0).
@@ -98,12 +130,15 @@ impl RootServer {
             stop: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
+            readers: AtomicUsize::new(0),
+            max_readers: size.saturating_add(EXTRA_READERS),
+            warn: LogThrottle::new(WARN_INTERVAL),
+            accept_log: LogThrottle::new(WARN_INTERVAL),
         });
         let (tx, rx) = mpsc::channel();
         let secret: Option<Arc<[u8]>> = secret.map(Arc::from);
         let accept = {
-            let shared = shared.clone();
-            let tx = tx.clone();
+            let (shared, tx) = (shared.clone(), tx.clone());
             std::thread::Builder::new()
                 .name("braid-boot-accept".into())
                 .spawn(move || accept_loop(listener, shared, tx, secret))?
@@ -138,11 +173,21 @@ impl RootServer {
     }
 
     /// [`RootServer::finish`] on a thread of its own, so that a rank 0 whose join failed
-    /// returns its error at once while late ranks still learn why the job failed.
+    /// returns its error at once while late ranks still learn why the job failed. The
+    /// process's exit (a return from `main`, `std::process::exit`) waits for that thread:
+    /// a rank 0 that exits on its error still serves late ranks the cause, up to `linger`.
     pub(crate) fn finish_detached(self, linger: Duration) {
-        let _ = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("braid-boot-linger".into())
             .spawn(move || self.finish(linger));
+        if let Ok(h) = spawned {
+            LINGERING.lock().expect("lingering lock").push(h);
+            static AT_EXIT: std::sync::Once = std::sync::Once::new();
+            AT_EXIT.call_once(|| {
+                // SAFETY: registers a plain function with no captured state.
+                unsafe { libc::atexit(wait_lingering) };
+            });
+        }
     }
 
     fn stop_threads(&mut self) {
@@ -156,6 +201,20 @@ impl RootServer {
         for (_, s) in self.shared.conns.lock().expect("conns lock").drain() {
             let _ = s.shutdown(Shutdown::Both);
         }
+    }
+}
+
+/// Rendezvous still serving late ranks after their rank 0's join failed.
+static LINGERING: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Run at process exit: waits (each bounded by its linger) for lingering rendezvous.
+extern "C" fn wait_lingering() {
+    let handles = match LINGERING.lock() {
+        Ok(mut l) => std::mem::take(&mut *l),
+        Err(_) => return,
+    };
+    for h in handles {
+        let _ = h.join();
     }
 }
 
@@ -174,22 +233,68 @@ fn accept_loop(
     tx: mpsc::Sender<Event>,
     secret: Option<Arc<[u8]>>,
 ) {
+    // Connections whose greeting (hello out, join in) is in progress, oldest first.
+    let mut greeting: VecDeque<Greeting> = VecDeque::new();
     while !shared.stop.load(Ordering::Acquire) {
-        let mut pfd = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; 100 ms bounds the reaction to stop.
-        let r = unsafe { libc::poll(&mut pfd, 1, 100) };
+        let now = Instant::now();
+        greeting.retain(|g| {
+            let alive = g.deadline > now;
+            if !alive {
+                shared.warn(g.from, "closed a connection that did not join within 5 s");
+                shared.forget(g.conn);
+            }
+            alive
+        });
+        let mut fds: Vec<libc::pollfd> = std::iter::once(listener.as_raw_fd())
+            .chain(greeting.iter().map(|g| g.stream.as_raw_fd()))
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: fds is a valid array of pollfd; 100 ms bounds the reaction to stop and
+        // to deadlines.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
         if r <= 0 {
+            continue;
+        }
+        // Greetings first (by index, before the accept below changes the list).
+        let mut done = Vec::new();
+        for (i, pfd) in fds.iter().enumerate().skip(1) {
+            if pfd.revents != 0 {
+                done.push(i - 1);
+            }
+        }
+        for i in done.into_iter().rev() {
+            match greeting[i].on_readable() {
+                Progress::Pending => {}
+                Progress::Failed(why) => {
+                    let g = greeting.remove(i).expect("index in range");
+                    shared.warn(g.from, &format!("closed a connection: {why}"));
+                    shared.forget(g.conn);
+                }
+                Progress::Frame(frame) => {
+                    let g = greeting.remove(i).expect("index in range");
+                    let (conn, from) = (g.conn, g.from);
+                    match g.admit(&frame, &tx, secret.as_deref()) {
+                        Ok(stream) => start_reader(&shared, &tx, conn, from, stream),
+                        Err(why) => {
+                            shared.warn(from, &format!("refused a connection: {why}"));
+                            shared.forget(conn);
+                        }
+                    }
+                }
+            }
+        }
+        if fds[0].revents == 0 {
             continue;
         }
         let (stream, from) = match listener.accept() {
             Ok(x) => x,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => {
-                tracing::warn!("rendezvous accept failed: {e}");
+                braid::throttle::accept_failed(&shared.accept_log, "the rendezvous", &e);
                 continue;
             }
         };
@@ -198,21 +303,61 @@ fn accept_loop(
             continue;
         };
         shared.conns.lock().expect("conns lock").insert(conn, clone);
-        let (tx, secret, shared2) = (tx.clone(), secret.clone(), shared.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("braid-boot-conn{conn}"))
-            .spawn(move || {
-                let detail = serve_conn(conn, stream, from, &tx, secret.as_deref())
-                    .err()
-                    .unwrap_or_else(|| "closed".into());
-                let _ = tx.send(Event::Closed(conn, detail));
-                shared2.conns.lock().expect("conns lock").remove(&conn);
-            });
-        if spawned.is_err()
-            && let Some(s) = shared.conns.lock().expect("conns lock").remove(&conn)
+        if greeting.len() >= MAX_GREETING
+            && let Some(oldest) = greeting.pop_front()
         {
-            let _ = s.shutdown(Shutdown::Both);
+            shared.warn(
+                oldest.from,
+                &format!("closed the oldest connection that had not joined: {MAX_GREETING} open"),
+            );
+            shared.forget(oldest.conn);
         }
+        match Greeting::start(
+            conn,
+            stream,
+            from,
+            secret.is_some(),
+            now + HANDSHAKE_TIMEOUT,
+        ) {
+            Ok(g) => greeting.push_back(g),
+            Err(why) => {
+                shared.warn(from, &format!("closed a connection: {why}"));
+                shared.forget(conn);
+            }
+        }
+    }
+}
+
+/// Hands an admitted connection to a reader thread of its own (bounded in number).
+fn start_reader(
+    shared: &Arc<Shared>,
+    tx: &mpsc::Sender<Event>,
+    conn: ConnId,
+    from: SocketAddr,
+    stream: TcpStream,
+) {
+    if shared.readers.fetch_add(1, Ordering::AcqRel) >= shared.max_readers {
+        shared.readers.fetch_sub(1, Ordering::AcqRel);
+        shared.warn(from, "closed a joined connection: too many connections");
+        shared.forget(conn);
+        let _ = tx.send(Event::Closed(conn, "too many connections".into()));
+        return;
+    }
+    let (tx2, shared2) = (tx.clone(), shared.clone());
+    let spawned = std::thread::Builder::new()
+        .name(format!("braid-boot-conn{conn}"))
+        .spawn(move || {
+            let detail = read_frames(conn, stream, &tx2)
+                .err()
+                .unwrap_or_else(|| "closed".into());
+            let _ = tx2.send(Event::Closed(conn, detail));
+            shared2.conns.lock().expect("conns lock").remove(&conn);
+            shared2.readers.fetch_sub(1, Ordering::AcqRel);
+        });
+    if spawned.is_err() {
+        shared.readers.fetch_sub(1, Ordering::AcqRel);
+        shared.forget(conn);
+        let _ = tx.send(Event::Closed(conn, "no thread for the connection".into()));
     }
 }
 
@@ -226,117 +371,16 @@ fn io_detail(e: &std::io::Error) -> String {
     }
 }
 
-/// One connection: hello, authentication, join, then frames until it ends. Returns how it
-/// ended.
-fn serve_conn(
+/// An admitted connection's frames, to the core, until it ends. Returns how it ended.
+fn read_frames(
     conn: ConnId,
     mut stream: TcpStream,
-    from: SocketAddr,
     tx: &mpsc::Sender<Event>,
-    secret: Option<&[u8]>,
 ) -> Result<(), String> {
-    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
-    let _ = set_keepalive(&stream);
     stream
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .set_read_timeout(None)
         .and_then(|()| stream.set_write_timeout(Some(WRITE_TIMEOUT)))
         .map_err(|e| e.to_string())?;
-    let root_nonce = auth::nonce();
-    let hello = ServerMsg::Hello {
-        version: wire::VERSION,
-        nonce: root_nonce,
-        auth_required: secret.is_some(),
-    };
-    wire::write_frame(&mut stream, &hello.encode()).map_err(|e| io_detail(&e))?;
-    let frame = wire::read_frame(&mut stream, JOIN_FRAME_LIMIT).map_err(|e| io_detail(&e))?;
-    let refuse = |stream: &mut TcpStream, kind: Refusal, detail: String| {
-        tracing::warn!(peer = %from, %kind, "rendezvous refused a connection: {detail}");
-        let _ = wire::write_frame(
-            stream,
-            &ServerMsg::Refuse {
-                kind,
-                detail: detail.clone(),
-            }
-            .encode(),
-        );
-        Err(format!("refused: {detail}"))
-    };
-    let (version, nonce, mac, jjob, rank, rsize, info) = match ClientMsg::decode(&frame) {
-        Ok(ClientMsg::Join {
-            version,
-            nonce,
-            mac,
-            job,
-            rank,
-            size,
-            info,
-        }) => (version, nonce, mac, job, rank, size, info),
-        Ok(other) => return Err(format!("protocol error: {other:?} before joining")),
-        Err(e) => return Err(format!("protocol error: {e}")),
-    };
-    if version != wire::VERSION {
-        return refuse(
-            &mut stream,
-            Refusal::Version,
-            format!(
-                "rank speaks version {version}, the rendezvous {}",
-                wire::VERSION
-            ),
-        );
-    }
-    let proof = match (secret, mac) {
-        (Some(s), Some(m)) => {
-            if !auth::verify(s, Role::Rank, &root_nonce, &nonce, &jjob, rank, rsize, &m) {
-                return refuse(
-                    &mut stream,
-                    Refusal::Auth,
-                    format!(
-                        "rank {rank} ({from}) did not prove the cluster secret: the secrets differ"
-                    ),
-                );
-            }
-            Some(auth::prove(
-                s,
-                Role::Root,
-                &root_nonce,
-                &nonce,
-                &jjob,
-                rank,
-                rsize,
-            ))
-        }
-        (Some(_), None) => {
-            return refuse(
-                &mut stream,
-                Refusal::Auth,
-                format!(
-                    "rank {rank} ({from}) has no cluster secret; the rendezvous requires one (BRAID_SECRET or BRAID_SECRET_FILE)"
-                ),
-            );
-        }
-        (None, Some(_)) => {
-            return refuse(
-                &mut stream,
-                Refusal::Auth,
-                format!(
-                    "rank {rank} ({from}) has a cluster secret; the rendezvous (rank 0) has none"
-                ),
-            );
-        }
-        (None, None) => None,
-    };
-    tx.send(Event::Join {
-        conn,
-        job: jjob,
-        rank,
-        size: rsize,
-        info,
-        seen: from.ip(),
-        welcome: ServerMsg::Welcome { mac: proof },
-    })
-    .map_err(|_| "rendezvous stopped".to_string())?;
-    // Joined (or about to be refused by the core, which then closes us): read until the end.
-    stream.set_read_timeout(None).map_err(|e| e.to_string())?;
     loop {
         let frame = match wire::read_frame(&mut stream, wire::CLIENT_FRAME_LIMIT) {
             Ok(f) => f,
@@ -387,13 +431,14 @@ fn core_loop(mut core: RootCore, rx: mpsc::Receiver<Event>, shared: Arc<Shared>)
                 info,
                 seen,
                 welcome,
+                authenticated,
             }) => {
                 if let Some(s) = shared.conns.lock().expect("conns lock").get(&conn)
                     && let Ok(w) = s.try_clone()
                 {
                     writers.insert(conn, w);
                 }
-                core.join(conn, &job, rank, size, info, seen, welcome);
+                core.join(conn, &job, rank, size, info, seen, welcome, authenticated);
             }
             Ok(Event::Msg(conn, m)) => core.message(conn, m),
             Ok(Event::Closed(conn, detail)) => {

@@ -8,13 +8,31 @@
 //! `UFFDIO_WRITEPROTECT`, both of which wake every thread waiting on the page.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-pub(crate) use userfaultfd::EventBuffer;
-use userfaultfd::{Event, ReadWrite, RegisterMode, Uffd};
-use userfaultfd_sys as sys;
+use linux_raw_sys::general as sys;
+use linux_raw_sys::ioctl as nr;
 
 use crate::error::DsmError;
+
+/// `UFFDIO_WRITEPROTECT_MODE_WP` of `<linux/userfaultfd.h>` (`(__u64)1 << 0`): set write
+/// protection; without it the ioctl clears it (and wakes the waiters unless
+/// `UFFDIO_WRITEPROTECT_MODE_DONTWAKE`). `linux-raw-sys` does not carry this constant (bindgen
+/// drops the casted shift): the only number here not taken from that crate.
+const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+
+/// Size of one kernel fault message.
+const MSG_LEN: usize = std::mem::size_of::<sys::uffd_msg>();
+
+/// Room for the fault messages one `read(2)` may return.
+pub(crate) struct EventBuffer(Vec<u8>);
+
+impl EventBuffer {
+    /// Room for `messages` fault messages.
+    pub(crate) fn new(messages: usize) -> EventBuffer {
+        EventBuffer(vec![0; messages.max(1) * MSG_LEN])
+    }
+}
 
 /// One fault read from the userfaultfd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +45,7 @@ pub(crate) struct Fault {
 
 /// The process's userfaultfd.
 pub(crate) struct Faults {
-    uffd: Uffd,
+    fd: OwnedFd,
     /// Kernel-mode faults (system calls touching absent pages) are not handled: they fail
     /// with `EFAULT` instead.
     pub user_mode_only: bool,
@@ -52,6 +70,14 @@ fn not_permitted(errno: i32, user_mode_only: bool) -> DsmError {
     ))
 }
 
+/// A range as the kernel takes it.
+fn range(addr: *mut u8, len: usize) -> sys::uffdio_range {
+    sys::uffdio_range {
+        start: addr as u64,
+        len: len as u64,
+    }
+}
+
 impl Faults {
     /// Creates the userfaultfd (non-blocking, close-on-exec) with write-protect faults.
     pub(crate) fn open(user_mode_only: bool) -> Result<Faults, DsmError> {
@@ -59,7 +85,8 @@ impl Faults {
         if user_mode_only {
             flags |= sys::UFFD_USER_MODE_ONLY as i32;
         }
-        // SAFETY: plain system call; the result is checked.
+        // SAFETY: userfaultfd(2) takes one integer and touches no memory of ours; the result
+        // is checked.
         let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
         if fd < 0 {
             let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
@@ -71,49 +98,49 @@ impl Faults {
                 _ => DsmError::Os("userfaultfd(2)".into(), io::Error::from_raw_os_error(errno)),
             });
         }
-        // SAFETY: a fresh descriptor we own.
-        let uffd = unsafe { Uffd::from_raw_fd(fd) };
+        // SAFETY: a fresh descriptor nobody else owns; OwnedFd closes it once.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut api = sys::uffdio_api {
-            api: sys::UFFD_API,
-            features: sys::UFFD_FEATURE_PAGEFAULT_FLAG_WP,
+            api: sys::UFFD_API.into(),
+            features: sys::UFFD_FEATURE_PAGEFAULT_FLAG_WP.into(),
             ioctls: 0,
         };
-        // SAFETY: UFFDIO_API with a valid argument on our descriptor.
-        if unsafe { libc::ioctl(fd, sys::UFFDIO_API as _, &mut api) } < 0 {
+        // SAFETY: UFFDIO_API reads and writes one `uffdio_api`, which `api` is, on our
+        // descriptor.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), nr::UFFDIO_API as _, &mut api) } < 0 {
             return Err(DsmError::Unsupported(format!(
                 "userfaultfd write-protect faults (UFFD_FEATURE_PAGEFAULT_FLAG_WP, Linux 5.7+): {}",
                 io::Error::last_os_error()
             )));
         }
-        Ok(Faults {
-            uffd,
-            user_mode_only,
-        })
+        Ok(Faults { fd, user_mode_only })
     }
 
     /// The descriptor, readable when faults wait.
     pub(crate) fn fd(&self) -> RawFd {
-        self.uffd.as_raw_fd()
+        self.fd.as_raw_fd()
     }
 
     /// Registers `len` bytes at `base` for missing and write-protect faults.
     pub(crate) fn register(&self, base: *mut u8, len: usize) -> Result<(), DsmError> {
-        let ioctls = self
-            .uffd
-            .register_with_mode(
-                base.cast(),
-                len,
-                RegisterMode::MISSING | RegisterMode::WRITE_PROTECT,
-            )
-            .map_err(|e| {
-                DsmError::Unsupported(format!(
-                    "registering the shared range with userfaultfd: {e}"
-                ))
-            })?;
-        if !ioctls.contains(userfaultfd::IoctlFlags::COPY | userfaultfd::IoctlFlags::WRITE_PROTECT)
-        {
+        let mut reg = sys::uffdio_register {
+            range: range(base, len),
+            mode: (sys::UFFDIO_REGISTER_MODE_MISSING | sys::UFFDIO_REGISTER_MODE_WP).into(),
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_REGISTER reads and writes one `uffdio_register`, which `reg` is; the
+        // kernel checks the range (a bad one is EINVAL/ENOMEM, not undefined behaviour).
+        if unsafe { libc::ioctl(self.fd(), nr::UFFDIO_REGISTER as _, &mut reg) } < 0 {
             return Err(DsmError::Unsupported(format!(
-                "userfaultfd offers {ioctls:?} on anonymous memory, braid-dsm needs COPY and WRITE_PROTECT"
+                "registering the shared range with userfaultfd: {}",
+                io::Error::last_os_error()
+            )));
+        }
+        let needed = (1u64 << sys::_UFFDIO_COPY) | (1u64 << sys::_UFFDIO_WRITEPROTECT);
+        if reg.ioctls & needed != needed {
+            return Err(DsmError::Unsupported(format!(
+                "userfaultfd offers ioctls {:#x} on anonymous memory, braid-dsm needs COPY and WRITEPROTECT ({needed:#x})",
+                reg.ioctls
             )));
         }
         Ok(())
@@ -138,13 +165,14 @@ impl Faults {
             mode: if writable {
                 0
             } else {
-                sys::UFFDIO_COPY_MODE_WP
+                sys::UFFDIO_COPY_MODE_WP.into()
             },
             copy: 0,
         };
         loop {
-            // SAFETY: UFFDIO_COPY with a valid argument; the caller vouches for the ranges.
-            let r = unsafe { libc::ioctl(self.fd(), sys::UFFDIO_COPY as _, &mut copy) };
+            // SAFETY: UFFDIO_COPY reads and writes one `uffdio_copy`, which `copy` is; the
+            // caller vouches for the source and destination ranges.
+            let r = unsafe { libc::ioctl(self.fd(), nr::UFFDIO_COPY as _, &mut copy) };
             if r == 0 {
                 return Ok(());
             }
@@ -165,43 +193,79 @@ impl Faults {
         }
     }
 
+    /// `UFFDIO_WRITEPROTECT` on the page(s) at `addr` with `mode`.
+    fn write_protect(&self, addr: *mut u8, len: usize, mode: u64, what: &str) -> io::Result<()> {
+        let mut wp = sys::uffdio_writeprotect {
+            range: range(addr, len),
+            mode,
+        };
+        // SAFETY: UFFDIO_WRITEPROTECT reads one `uffdio_writeprotect`, which `wp` is; it only
+        // changes protection inside the registered range the kernel checks.
+        if unsafe { libc::ioctl(self.fd(), nr::UFFDIO_WRITEPROTECT as _, &mut wp) } < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+        }
+        Ok(())
+    }
+
     /// Write-protects the present page(s) at `addr`: later writes fault.
     pub(crate) fn protect(&self, addr: *mut u8, len: usize) -> io::Result<()> {
-        self.uffd
-            .write_protect(addr.cast(), len)
-            .map_err(|e| io::Error::other(format!("UFFDIO_WRITEPROTECT: {e}")))
+        self.write_protect(addr, len, WRITEPROTECT_MODE_WP, "UFFDIO_WRITEPROTECT")
     }
 
     /// Lifts write protection of the page(s) at `addr` and wakes their waiters.
     pub(crate) fn unprotect(&self, addr: *mut u8, len: usize) -> io::Result<()> {
-        self.uffd
-            .remove_write_protection(addr.cast(), len, true)
-            .map_err(|e| io::Error::other(format!("UFFDIO_WRITEPROTECT (clear): {e}")))
+        // No WP bit: clear; no DONTWAKE bit: wake the waiters.
+        self.write_protect(addr, len, 0, "UFFDIO_WRITEPROTECT (clear)")
     }
 
     /// Wakes threads waiting on the page(s) at `addr`.
     pub(crate) fn wake(&self, addr: *mut u8, len: usize) -> io::Result<()> {
-        self.uffd
-            .wake(addr.cast(), len)
-            .map_err(|e| io::Error::other(format!("UFFDIO_WAKE: {e}")))
+        let mut r = range(addr, len);
+        // SAFETY: UFFDIO_WAKE reads one `uffdio_range`, which `r` is.
+        if unsafe { libc::ioctl(self.fd(), nr::UFFDIO_WAKE as _, &mut r) } < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("UFFDIO_WAKE: {e}")));
+        }
+        Ok(())
     }
 
     /// Reads the faults waiting (none when the queue is empty) into `out`.
     pub(crate) fn read(&self, buf: &mut EventBuffer, out: &mut Vec<Fault>) -> io::Result<()> {
-        let events = match self.uffd.read_events(buf) {
-            Ok(ev) => ev,
-            Err(userfaultfd::Error::SystemError(e)) => return Err(io::Error::from(e)),
-            Err(e) => return Err(io::Error::other(e.to_string())),
-        };
-        for ev in events {
-            match ev {
-                Ok(Event::Pagefault { rw, addr, .. }) => out.push(Fault {
-                    addr: addr as usize,
-                    write: rw == ReadWrite::Write,
-                }),
-                Ok(_) => {}
-                Err(e) => return Err(io::Error::other(e.to_string())),
+        // SAFETY: read(2) into our buffer of exactly `buf.0.len()` bytes.
+        let n = unsafe { libc::read(self.fd(), buf.0.as_mut_ptr().cast(), buf.0.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) => Ok(()),
+                _ => Err(e),
+            };
+        }
+        let n = n as usize;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "userfaultfd read returned end of file",
+            ));
+        }
+        if !n.is_multiple_of(MSG_LEN) {
+            return Err(io::Error::other(format!(
+                "userfaultfd read {n} bytes, not a whole number of {MSG_LEN}-byte messages"
+            )));
+        }
+        for chunk in buf.0[..n].chunks_exact(MSG_LEN) {
+            // SAFETY: `chunk` holds MSG_LEN bytes the kernel wrote as a `uffd_msg`, a plain
+            // (packed, alignment 1) C structure valid for any bit pattern.
+            let msg = unsafe { chunk.as_ptr().cast::<sys::uffd_msg>().read_unaligned() };
+            if u32::from(msg.event) != sys::UFFD_EVENT_PAGEFAULT {
+                continue; // no other event was asked for (no UFFD_FEATURE_EVENT_*)
             }
+            // SAFETY: a page-fault message carries the `pagefault` member of the union.
+            let pf = unsafe { msg.arg.pagefault };
+            out.push(Fault {
+                addr: pf.address as usize,
+                write: pf.flags & u64::from(sys::UFFD_PAGEFAULT_FLAG_WRITE) != 0,
+            });
         }
         Ok(())
     }

@@ -171,8 +171,8 @@ pub fn lookup(ptr: *const u8, len: usize) -> Option<SharedSpan> {
 pub(crate) const MIN_SHARED_LEN: usize = 64 << 10;
 
 /// Raises the soft limit on open descriptors to the hard one, once: every region file holds
-/// a descriptor (Go's runtime does the same at start).
-fn raise_fd_limit() {
+/// a descriptor, and every connection a listener holds (Go's runtime does the same at start).
+pub fn raise_fd_limit() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
         let mut l = libc::rlimit {

@@ -6,6 +6,10 @@
 //! answers `AuthRequired` with a fresh nonce, the connecting side proves knowledge of the
 //! secret with an [`AuthProof`], and the final `Accepted` reply carries the accepting
 //! side's own proof (see [`auth_mac`]).
+//!
+//! Without a secret, the `Accepted` reply of a first join carries the session's random join
+//! token, and a re-join ([`caps::REJOIN`]) goes through the same challenge-response keyed
+//! with that token: a sniffed session id alone re-joins (and so replaces) no rail.
 
 use super::layout::{get_array, get_u16, get_u32, get_u64, put};
 use thiserror::Error;
@@ -15,7 +19,7 @@ pub const HELLO_MAGIC: [u8; 8] = *b"BRAIDRMA";
 /// Magic that opens a [`HelloReply`].
 pub const REPLY_MAGIC: [u8; 8] = *b"BRAIDACK";
 /// Version of the handshake and frame format spoken by this build.
-pub const HANDSHAKE_VERSION: u16 = 5;
+pub const HANDSHAKE_VERSION: u16 = 6;
 /// Magic that opens an [`AuthProof`].
 pub const AUTH_MAGIC: [u8; 8] = *b"BRAIDAUT";
 /// Size in bytes of every handshake message.
@@ -31,7 +35,8 @@ pub const MAX_RAILS: u16 = 64;
 pub mod caps {
     /// Every frame payload carries a CRC32C in the header's `crc` field.
     pub const PAYLOAD_CRC32C: u32 = 1 << 0;
-    /// The connecting side has a cluster secret and expects the accepting side to prove it.
+    /// The connecting side has a key (the cluster secret, or on a re-join without one the
+    /// session's join token) and expects the accepting side to prove it.
     pub const AUTH: u32 = 1 << 1;
     /// The rail re-joins the existing session `session_id` in place of a failed rail.
     pub const REJOIN: u32 = 1 << 2;
@@ -98,7 +103,9 @@ pub struct HelloReply {
     /// Echo of the session id.
     pub session_id: u64,
     /// `AuthRequired`: the accepting side's fresh nonce (first 16 bytes). `Accepted` after
-    /// authentication: the accepting side's proof. Otherwise zero.
+    /// authentication: the accepting side's proof. `Accepted` on a first join without a
+    /// secret: the session's join token (the key a re-join of the session must prove).
+    /// Otherwise zero.
     pub auth: [u8; MAC_LEN],
 }
 

@@ -17,7 +17,7 @@ use crate::engine::transport::Tcp;
 use braid_proto::error::Error;
 use braid_proto::mem::registry::random_u64;
 use braid_proto::wire::handshake::{
-    AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, NONCE_LEN, auth_mac, caps,
+    AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, MAC_LEN, NONCE_LEN, auth_mac, caps,
     verify_auth_mac,
 };
 use braid_proto::wire::{HandshakeError, HandshakeStatus, Hello, HelloReply};
@@ -30,8 +30,12 @@ pub(super) fn nonce() -> [u8; NONCE_LEN] {
 }
 
 /// Connects one rail and runs the connecting side of its handshake; returns the rail's link
-/// (TCP, or a same-host ring when the acceptor took the offer) and the capabilities the
-/// accepting side granted.
+/// (TCP, or a same-host ring when the acceptor took the offer), the capabilities the
+/// accepting side granted, and (first join without a secret) the session's join token.
+///
+/// A re-join proves the cluster secret, or without one the join token the first handshake
+/// gave, over both sides' fresh nonces: a sniffed session id alone re-joins nothing.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn connect_rail(
     r: &RailAddr,
     index: u16,
@@ -40,7 +44,19 @@ pub(super) fn connect_rail(
     opts: &EndpointOptions,
     secret: Option<&[u8]>,
     rejoin: bool,
-) -> Result<(RailLink, u32), Error> {
+    join_token: Option<&[u8; MAC_LEN]>,
+) -> Result<(RailLink, u32, [u8; MAC_LEN]), Error> {
+    // The key of the proofs: the secret, else on a re-join the session's join token.
+    let key: Option<&[u8]> = match (secret, rejoin) {
+        (Some(s), _) => Some(s),
+        (None, true) => join_token.map(|t| &t[..]),
+        (None, false) => None,
+    };
+    let what = if secret.is_some() {
+        "the cluster secret"
+    } else {
+        "the session's join token"
+    };
     let deadline = Instant::now() + opts.connect_timeout;
     let s = Socket::new(Domain::for_address(r.remote), Type::STREAM, None)?;
     if let Some(local) = r.local {
@@ -66,7 +82,7 @@ pub(super) fn connect_rail(
     if opts.session.payload_crc {
         capabilities |= caps::PAYLOAD_CRC32C;
     }
-    if secret.is_some() {
+    if key.is_some() {
         capabilities |= caps::AUTH;
     }
     if rejoin {
@@ -103,7 +119,7 @@ pub(super) fn connect_rail(
     let mut reply = read_reply(&mut stream, peer)?;
     let mut acceptor_nonce = None;
     if reply.status == HandshakeStatus::AuthRequired {
-        let Some(secret) = secret else {
+        let Some(key) = key else {
             return Err(Error::Auth {
                 peer,
                 reason:
@@ -113,7 +129,7 @@ pub(super) fn connect_rail(
         };
         let n: [u8; NONCE_LEN] = reply.auth[..NONCE_LEN].try_into().expect("16 bytes");
         let mac = auth_mac(
-            secret,
+            key,
             AuthRole::Connector,
             &hello.nonce,
             &n,
@@ -134,7 +150,9 @@ pub(super) fn connect_rail(
     if reply.status == HandshakeStatus::AuthFailed {
         return Err(Error::Auth {
             peer,
-            reason: "the peer refused our proof: the cluster secrets differ".into(),
+            reason: format!(
+                "the peer refused our proof of {what} (different secrets, or a session it no longer has)"
+            ),
         });
     }
     if reply.status != HandshakeStatus::Accepted {
@@ -150,11 +168,11 @@ pub(super) fn connect_rail(
             source: HandshakeError::Reserved,
         });
     }
-    if let Some(secret) = secret {
-        // The accepting side must prove the secret too, or we would hand our data to anyone.
+    if let Some(key) = key {
+        // The accepting side must prove the key too, or we would hand our data to anyone.
         let ok = acceptor_nonce.is_some_and(|n| {
             verify_auth_mac(
-                secret,
+                key,
                 AuthRole::Acceptor,
                 &hello.nonce,
                 &n,
@@ -166,7 +184,7 @@ pub(super) fn connect_rail(
         if !ok {
             return Err(Error::Auth {
                 peer,
-                reason: "the peer did not prove knowledge of the cluster secret".into(),
+                reason: format!("the peer did not prove knowledge of {what}"),
             });
         }
     }
@@ -182,7 +200,12 @@ pub(super) fn connect_rail(
             Arc::new(Tcp::new(stream)?)
         }
     };
-    Ok((RailLink { link, addrs }, reply.capabilities))
+    let token = if key.is_none() {
+        reply.auth
+    } else {
+        [0; MAC_LEN]
+    };
+    Ok((RailLink { link, addrs }, reply.capabilities, token))
 }
 
 fn read_reply(stream: &mut TcpStream, peer: SocketAddr) -> Result<HelloReply, Error> {

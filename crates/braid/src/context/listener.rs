@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -17,6 +17,7 @@ use super::{Context, RailLink, same_host};
 use crate::endpoint::{Endpoint, EndpointOptions, RailTransport};
 use crate::engine::Command;
 use crate::engine::transport::{Tcp, Transport};
+use crate::throttle::LogThrottle;
 use braid_proto::error::Error;
 use braid_proto::wire::handshake::{
     AuthProof, AuthRole, HANDSHAKE_LEN, HANDSHAKE_VERSION, MAC_LEN, MAX_RAILS, NONCE_LEN, auth_mac,
@@ -30,6 +31,28 @@ const ACCEPT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const PENDING_SESSION_TIMEOUT: Duration = Duration::from_secs(15);
 /// Stack of a handshake thread: it only decodes 64-byte messages and computes an HMAC.
 const HANDSHAKE_STACK: usize = 128 << 10;
+/// At most one warning per this interval about refused connections (with the count held
+/// back), so that a flood of strangers is not a flood of log lines.
+const WARN_INTERVAL: Duration = Duration::from_secs(1);
+/// Most rails held in sessions not yet accepted (incomplete or waiting for `accept`), at
+/// most a quarter of the descriptor limit: strangers' rails cannot use up the descriptors.
+const MAX_WAITING_RAILS: usize = 1024;
+
+/// [`MAX_WAITING_RAILS`], or a quarter of the soft descriptor limit if that is lower.
+fn waiting_rails_bound() -> usize {
+    braid_proto::mem::shared::raise_fd_limit();
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur as usize
+    } else {
+        4096
+    };
+    MAX_WAITING_RAILS.min(soft / 4).max(16)
+}
 
 /// Reads one handshake message, the whole of it before `deadline` (however the peer
 /// dribbles its bytes).
@@ -83,6 +106,24 @@ fn write_handshake(stream: &mut TcpStream, msg: &[u8], deadline: Instant) -> Res
 struct PendingSession {
     rails: Vec<Option<RailLink>>,
     since: Instant,
+    /// Handed to the connecting side (without a secret); a re-join must prove it.
+    join_token: [u8; MAC_LEN],
+}
+
+/// A session whose rails have all arrived.
+struct ReadySession {
+    rails: Vec<RailLink>,
+    crc: bool,
+    session_id: u64,
+    join_token: [u8; MAC_LEN],
+}
+
+/// A fresh random join token.
+fn join_token() -> [u8; MAC_LEN] {
+    let mut t = [0u8; MAC_LEN];
+    t[..NONCE_LEN].copy_from_slice(&nonce());
+    t[NONCE_LEN..].copy_from_slice(&nonce());
+    t
 }
 
 /// Accepts endpoints whose rails connect to its addresses. Rails of one endpoint are joined
@@ -105,8 +146,8 @@ struct ListenerShared {
     ctx: Context,
     sockets: Vec<TcpListener>,
     pending: Mutex<HashMap<u64, PendingSession>>,
-    /// Sessions whose rails have all arrived: (rails, payload CRC, session id).
-    ready: Mutex<std::collections::VecDeque<(Vec<RailLink>, bool, u64)>>,
+    /// Sessions whose rails have all arrived.
+    ready: Mutex<std::collections::VecDeque<ReadySession>>,
     ready_cv: parking_lot::Condvar,
     /// The acceptor asks for payload CRCs (set from the options of `accept`).
     want_crc: AtomicBool,
@@ -123,6 +164,14 @@ struct ListenerShared {
     closed: AtomicBool,
     /// Connections whose handshake is in progress.
     half_open: Mutex<HalfOpen>,
+    /// Only re-joins of accepted endpoints are taken (see [`Listener::refuse_new_endpoints`]).
+    rejoin_only: AtomicBool,
+    /// Rails held in pending and ready sessions, and their bound.
+    waiting_rails: std::sync::atomic::AtomicUsize,
+    max_waiting_rails: usize,
+    /// Rate limit of per-connection warnings, and of accept failures.
+    warn: LogThrottle,
+    accept_log: LogThrottle,
 }
 
 /// The connections whose handshake is in progress, oldest first, each as a second handle of
@@ -170,6 +219,11 @@ impl Listener {
             ),
             closed: AtomicBool::new(false),
             half_open: Mutex::new(HalfOpen::default()),
+            rejoin_only: AtomicBool::new(false),
+            waiting_rails: std::sync::atomic::AtomicUsize::new(0),
+            max_waiting_rails: waiting_rails_bound(),
+            warn: LogThrottle::new(WARN_INTERVAL),
+            accept_log: LogThrottle::new(WARN_INTERVAL),
         });
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
@@ -211,18 +265,52 @@ impl Listener {
             if sh.closed.load(Ordering::Acquire) {
                 return Err(Error::InvalidArgument("listener closed".into()));
             }
-            if let Some((streams, crc, session_id)) = ready.pop_front() {
+            if let Some(r) = ready.pop_front() {
                 drop(ready);
-                let ep = sh.ctx.start_endpoint(streams, opts, crc, None)?;
+                sh.waiting_rails.fetch_sub(r.rails.len(), Ordering::AcqRel);
+                let ep = sh.ctx.start_endpoint(r.rails, opts, r.crc, None)?;
                 let mut live = sh.ctx.inner.live.lock();
-                live.retain(|_, w| w.strong_count() > 0);
-                live.insert(session_id, Arc::downgrade(&ep.shared));
+                live.retain(|_, (w, _)| w.strong_count() > 0);
+                live.insert(r.session_id, (Arc::downgrade(&ep.shared), r.join_token));
                 return Ok(ep);
             }
             if sh.ready_cv.wait_until(&mut ready, deadline).timed_out() && ready.is_empty() {
                 return Err(Error::Timeout("no endpoint connected".into()));
             }
         }
+    }
+
+    /// Most rails this listener holds in sessions not yet accepted (incomplete, or complete
+    /// and waiting for [`Listener::accept`]): 1024, or a quarter of the soft descriptor
+    /// limit if lower. A rail beyond it is refused, so strangers that open sessions and
+    /// never complete them cannot take every descriptor: at the bound, the oldest incomplete
+    /// session is dropped to make room (a new rail is refused only when every held rail
+    /// belongs to a complete session that `accept` has not taken yet).
+    pub fn max_waiting_rails(&self) -> usize {
+        self.shared.max_waiting_rails
+    }
+
+    /// Takes no new endpoints from now on, only re-joins of failed rails of endpoints
+    /// already accepted: a process that has every peer it expects (a rank after its job
+    /// formed) keeps no stranger's connection. Sessions not yet accepted are dropped.
+    pub fn refuse_new_endpoints(&self) {
+        let sh = &self.shared;
+        sh.rejoin_only.store(true, Ordering::Release);
+        let dropped: usize = {
+            let mut p = sh.pending.lock();
+            let n = p
+                .values()
+                .map(|s| s.rails.iter().flatten().count())
+                .sum::<usize>();
+            p.clear();
+            n
+        } + sh
+            .ready
+            .lock()
+            .drain(..)
+            .map(|r| r.rails.len())
+            .sum::<usize>();
+        sh.waiting_rails.fetch_sub(dropped, Ordering::AcqRel);
     }
 
     /// Stops accepting; rails of incomplete sessions are closed. Endpoints already accepted
@@ -244,10 +332,15 @@ impl ListenerShared {
             self.pending.lock().retain(|id, p| {
                 let keep = p.since.elapsed() < PENDING_SESSION_TIMEOUT;
                 if !keep {
-                    tracing::warn!(
-                        session = id,
-                        "dropping a session whose rails did not all arrive"
-                    );
+                    let held = p.rails.iter().flatten().count();
+                    self.waiting_rails.fetch_sub(held, Ordering::AcqRel);
+                    if let Some(n) = self.warn.allow() {
+                        tracing::warn!(
+                            session = id,
+                            held_back = n,
+                            "dropping a session whose rails did not all arrive"
+                        );
+                    }
                 }
                 keep
             });
@@ -278,7 +371,7 @@ impl ListenerShared {
                     Ok(x) => x,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                     Err(e) => {
-                        tracing::warn!("accept failed: {e}");
+                        crate::throttle::accept_failed(&self.accept_log, "the braid listener", &e);
                         continue;
                     }
                 };
@@ -293,7 +386,7 @@ impl ListenerShared {
         let handle = match stream.try_clone() {
             Ok(h) => h,
             Err(e) => {
-                tracing::warn!(peer = %from, "refused a rail: {e}");
+                self.refused(from, &e.to_string());
                 return;
             }
         };
@@ -301,11 +394,14 @@ impl ListenerShared {
             let mut h = self.half_open.lock();
             while h.conns.len() >= Listener::MAX_HALF_OPEN {
                 let (_, oldest) = h.conns.pop_front().expect("the table is full");
-                tracing::warn!(
-                    peer = ?oldest.peer_addr().ok(),
-                    "closing the oldest unfinished rail handshake: {} in progress",
-                    Listener::MAX_HALF_OPEN
-                );
+                if let Some(n) = self.warn.allow() {
+                    tracing::warn!(
+                        peer = ?oldest.peer_addr().ok(),
+                        held_back = n,
+                        "closing the oldest unfinished rail handshake: {} in progress",
+                        Listener::MAX_HALF_OPEN
+                    );
+                }
                 let _ = oldest.shutdown(Shutdown::Both);
             }
             let id = h.next_id;
@@ -327,13 +423,49 @@ impl ListenerShared {
                         me.ready_cv.notify_all();
                     }
                     Ok(None) => {}
-                    Err(e) => tracing::warn!(peer = %from, "refused a rail: {e}"),
+                    Err(e) => me.refused(from, &e.to_string()),
                 }
             });
         if let Err(e) = spawned {
             // The connection went with the closure: it is closed.
             self.leave_half_open(id);
-            tracing::warn!(peer = %from, "refused a rail: cannot start its handshake: {e}");
+            self.refused(from, &format!("cannot start its handshake: {e}"));
+        }
+    }
+
+    /// Below the bound of waiting rails, or brought below it by dropping the oldest
+    /// incomplete session (a real peer's rails all arrive within a round trip or two, so
+    /// the oldest incomplete one is most likely a stranger's). False if nothing can go.
+    fn make_room(&self) -> bool {
+        if self.waiting_rails.load(Ordering::Acquire) < self.max_waiting_rails {
+            return true;
+        }
+        let mut pending = self.pending.lock();
+        let Some(oldest) = pending
+            .iter()
+            .min_by_key(|(_, p)| p.since)
+            .map(|(id, _)| *id)
+        else {
+            return false;
+        };
+        let p = pending.remove(&oldest).expect("present");
+        let held = p.rails.iter().flatten().count();
+        self.waiting_rails.fetch_sub(held, Ordering::AcqRel);
+        if let Some(n) = self.warn.allow() {
+            tracing::warn!(
+                session = oldest,
+                held_back = n,
+                "dropped the oldest incomplete session: {} rails waiting",
+                self.max_waiting_rails
+            );
+        }
+        true
+    }
+
+    /// Logs a refused connection, at most once per [`WARN_INTERVAL`].
+    fn refused(&self, from: SocketAddr, why: &str) {
+        if let Some(n) = self.warn.allow() {
+            tracing::warn!(peer = %from, held_back = n, "refused a rail: {why}");
         }
     }
 
@@ -370,7 +502,7 @@ impl ListenerShared {
         from: SocketAddr,
         id: u64,
         deadline: Instant,
-    ) -> Result<Option<(Vec<RailLink>, bool, u64)>, Error> {
+    ) -> Result<Option<ReadySession>, Error> {
         stream.set_nonblocking(false)?;
         let mut buf = [0u8; HANDSHAKE_LEN];
         read_handshake(&mut stream, &mut buf, deadline)?;
@@ -412,9 +544,42 @@ impl ListenerShared {
                 status,
             });
         }
-        if let Some(secret) = self.ctx.inner.secret.as_deref() {
-            // Challenge: the connecting side must prove the secret over our fresh nonce
-            // before it gets anywhere near an endpoint.
+        let rejoin = hello.capabilities & caps::REJOIN != 0;
+        // A re-join names an endpoint accepted here; without a secret it proves that
+        // session's join token instead. Nothing is told about sessions that do not exist.
+        let target = rejoin
+            .then(|| {
+                self.ctx
+                    .inner
+                    .live
+                    .lock()
+                    .get(&hello.session_id)
+                    .and_then(|(w, t)| Some((w.upgrade()?, *t)))
+                    .filter(|(e, _)| (hello.rail_index as usize) < e.rails.len())
+            })
+            .flatten();
+        // With a secret, a stranger learns only after proving it that there is no such
+        // session; without one there is no key to prove.
+        let no_session = |stream, reply| {
+            let status = refuse(stream, reply, HandshakeStatus::Refused);
+            Err(Error::Refused {
+                peer: from,
+                rail: hello.rail_index,
+                status,
+            })
+        };
+        if rejoin && target.is_none() && self.ctx.inner.secret.is_none() {
+            return no_session(stream, reply);
+        }
+        let key: Option<&[u8]> = match (self.ctx.inner.secret.as_deref(), &target) {
+            (Some(s), _) => Some(s),
+            (None, Some((_, token))) => Some(token),
+            (None, None) => None,
+        };
+        if let Some(secret) = key {
+            // Challenge: the connecting side must prove the key over our fresh nonce
+            // before it gets anywhere near an endpoint (a re-join: before it replaces a
+            // rail).
             let n = nonce();
             let mut challenge = reply;
             challenge.status = HandshakeStatus::AuthRequired;
@@ -440,6 +605,9 @@ impl ListenerShared {
                 other => {
                     refuse(stream, reply, HandshakeStatus::AuthFailed);
                     let reason = match other {
+                        Ok(_) if rejoin && self.ctx.inner.secret.is_none() => {
+                            "a re-join with a wrong proof of the session's join token".to_string()
+                        }
                         Ok(_) => "wrong proof: the cluster secrets differ".to_string(),
                         Err(e) => format!("no valid proof: {e}"),
                     };
@@ -494,23 +662,11 @@ impl ListenerShared {
             };
             Ok(RailLink { link, addrs })
         };
-        if hello.capabilities & caps::REJOIN != 0 {
-            // A failed rail of an endpoint accepted earlier comes back.
-            let ep = self
-                .ctx
-                .inner
-                .live
-                .lock()
-                .get(&hello.session_id)
-                .and_then(Weak::upgrade);
-            let Some(ep) = ep.filter(|e| (hello.rail_index as usize) < e.rails.len()) else {
-                let status = refuse(stream, reply, HandshakeStatus::Refused);
-                return Err(Error::Refused {
-                    peer: from,
-                    rail: hello.rail_index,
-                    status,
-                });
+        if rejoin {
+            let Some((ep, _)) = target else {
+                return no_session(stream, reply);
             };
+            // A failed rail of an endpoint accepted earlier comes back, proven.
             reply.capabilities = (reply.capabilities & (caps::SAME_HOST | caps::RAW))
                 | if ep.session.lock().config().payload_crc {
                     caps::PAYLOAD_CRC32C
@@ -526,6 +682,15 @@ impl ListenerShared {
             });
             return Ok(None);
         }
+        if self.rejoin_only.load(Ordering::Acquire) || !self.make_room() {
+            // No new endpoints wanted, or every held rail is of a complete session.
+            let status = refuse(stream, reply, HandshakeStatus::Refused);
+            return Err(Error::Refused {
+                peer: from,
+                rail: hello.rail_index,
+                status,
+            });
+        }
         let mut pending = self.pending.lock();
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::InvalidArgument("listener closed".into()));
@@ -535,6 +700,7 @@ impl ListenerShared {
             .or_insert_with(|| PendingSession {
                 rails: (0..hello.rail_count).map(|_| None).collect(),
                 since: Instant::now(),
+                join_token: join_token(),
             });
         let idx = hello.rail_index as usize;
         if p.rails.len() != hello.rail_count as usize || p.rails[idx].is_some() {
@@ -547,6 +713,10 @@ impl ListenerShared {
             });
         }
         reply.status = HandshakeStatus::Accepted;
+        if self.ctx.inner.secret.is_none() {
+            // Without a secret the reply's proof field carries the session's join token.
+            reply.auth = p.join_token;
+        }
         self.commit(id, from)?;
         write_handshake(&mut stream, &reply.encode(), deadline)?;
         // Not under the table's lock: taking a ring waits for the peer.
@@ -562,16 +732,19 @@ impl ListenerShared {
             ));
         };
         p.rails[idx] = Some(rail);
+        self.waiting_rails.fetch_add(1, Ordering::AcqRel);
         if p.rails.iter().all(Option::is_some) {
             let p = pending.remove(&hello.session_id).expect("present");
-            return Ok(Some((
-                p.rails
+            return Ok(Some(ReadySession {
+                rails: p
+                    .rails
                     .into_iter()
                     .map(|s| s.expect("all present"))
                     .collect(),
                 crc,
-                hello.session_id,
-            )));
+                session_id: hello.session_id,
+                join_token: p.join_token,
+            }));
         }
         Ok(None)
     }

@@ -18,6 +18,9 @@ pub(super) struct Redial {
     pub(super) session_id: u64,
     pub(super) opts: EndpointOptions,
     pub(super) secret: Option<Arc<[u8]>>,
+    /// The session's join token (given by the first handshake when there is no secret):
+    /// the key a re-join proves without a secret.
+    pub(super) join_token: [u8; braid_proto::wire::handshake::MAC_LEN],
     pub(super) engine: Arc<crate::engine::EngineShared>,
     /// Rails being re-dialled (a bit per rail).
     pub(super) busy: Mutex<u64>,
@@ -75,9 +78,10 @@ impl Redial {
                 &self.opts,
                 self.secret.as_deref(),
                 true,
+                Some(&self.join_token),
             );
             match attempt {
-                Ok((r, _)) => {
+                Ok((r, _, _)) => {
                     self.engine.send(Command::Restore {
                         id: shared.id,
                         rail,
