@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Short, bounded fuzz run for CI: builds every cargo-fuzz target (address sanitizer, debug
 # assertions on) and runs each from the committed seed corpus plus the committed regression
-# inputs: session_rx for 2 x FUZZ_SECONDS, the two decoders (which saturate in seconds) for
-# FUZZ_SECONDS / 2 each; FUZZ_SECONDS defaults to 20, so about a minute of fuzzing in all. Fails on any crash, panic, sanitizer report, leak or
+# inputs: session_rx for 2 x FUZZ_SECONDS, fs_handle for FUZZ_SECONDS, the decoders (which saturate in seconds) for
+# FUZZ_SECONDS / 2 each; FUZZ_SECONDS defaults to 20, so about 90 s of fuzzing in all. Fails on any crash, panic, sanitizer report, leak or
 # timeout. Works on the stable toolchain through RUSTC_BOOTSTRAP=1 (see fuzz/README.md).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -28,6 +28,7 @@ failed=()
 for t in $(cargo fuzz list); do
     case $t in
         session_rx) max_len=4096 t_secs=$((secs * 2)) ;;
+        fs_handle) max_len=4096 t_secs=$secs ;;
         *) max_len=256 t_secs=$(((secs + 1) / 2)) ;;
     esac
     # Newly found inputs go to a scratch corpus (the first directory); the committed seeds and

@@ -67,7 +67,7 @@ fn imm_express(mut h: FrameHeader) -> FrameHeader {
 
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
-    let dirs = ["frame_header", "handshake", "session_rx", "fs_proto"].map(|d| {
+    let dirs = ["frame_header", "handshake", "session_rx", "fs_proto", "fs_handle"].map(|d| {
         let p = root.join(d);
         let _ = fs::remove_dir_all(&p);
         fs::create_dir_all(&p).unwrap();
@@ -512,6 +512,61 @@ fn main() {
         ];
         for (name, op, r) in reps {
             fs::write(d.join(format!("rep_{name}")), encode_reply(2, op, &r).unwrap()).unwrap();
+        }
+    }
+
+    // ------------------------------------------------------------------ fs_handle
+    {
+        use braid_fs::proto::{Caller, Creds, NodeId, Request, SetAttr, encode_request};
+        let d = &dirs[4];
+        // Generation 0: the harness gives it the export's. Ids are handed out in order: the
+        // root is 1, the next object looked up or created 2, and so on; handles count from 1.
+        let n = |id| NodeId { id, generation: 0 };
+        let creds = Creds { uid: 1000, gid: 100, umask: 0o022 };
+        let name = |s: &str| s.as_bytes().to_vec();
+        let seqs: Vec<(&str, Vec<Request>)> = vec![
+            ("create_write_map", vec![
+                Request::Create { parent: n(1), name: name("new"), mode: 0o644, flags: 2, creds },
+                Request::Write { fh: 1, offset: 4096, data: b"data".to_vec() },
+                Request::MapRegion { fh: 1, min_size: 1 << 20 },
+                Request::Landed { fh: 1, upto: 1 << 20 },
+                Request::Commit { fh: 1, flags: 0 },
+                Request::SetAttr { node: n(2), fh: 1, set: SetAttr { size: Some(3), ..Default::default() } },
+                Request::Release { fh: 1 },
+            ]),
+            ("special_files", vec![
+                Request::Lookup { parent: n(1), name: name("fifo") },
+                Request::Open { node: n(2), flags: 2 },
+                Request::Create { parent: n(1), name: name("fifo"), mode: 0o644, flags: 2, creds },
+                Request::Mknod { parent: n(1), name: name("blk"), mode: 0o60644, rdev: 7 << 8, creds },
+                Request::Mknod { parent: n(1), name: name("sock"), mode: 0o140644, rdev: 0, creds },
+                Request::Create { parent: n(1), name: name("suid"), mode: 0o6755, flags: 2, creds },
+            ]),
+            ("dirs_links", vec![
+                Request::Mkdir { parent: n(1), name: name("d"), mode: 0o2755, creds },
+                Request::OpenDir { node: n(2) },
+                Request::ReadDir { dh: 1, offset: 0, max_bytes: 4096 },
+                Request::Symlink { parent: n(2), name: name("up"), target: name("../../outside"), creds },
+                Request::Walk { parent: n(1), path: name("d/up/secret"), follow: true },
+                Request::Walk { parent: n(1), path: name("out"), follow: true },
+                Request::Lookup { parent: n(1), name: name("file") },
+                Request::Link { node: n(4), new_parent: n(2), new_name: name("hard") },
+                Request::Rename { parent: n(2), name: name("hard"), new_parent: n(1), new_name: name("moved"), flags: 0 },
+                Request::Unlink { parent: n(1), name: name("moved") },
+                Request::ReleaseDir { dh: 1 },
+                Request::Rmdir { parent: n(1), name: name("d") },
+                Request::Forget { items: vec![(n(2), 1), (n(4), 9)] },
+                Request::StatFs,
+            ]),
+        ];
+        for (file, reqs) in seqs {
+            let mut out = Vec::new();
+            for (i, r) in reqs.iter().enumerate() {
+                let m = encode_request(i as u64, &Caller::default(), r).unwrap();
+                out.extend_from_slice(&(m.len() as u16).to_le_bytes());
+                out.extend_from_slice(&m);
+            }
+            fs::write(d.join(file), out).unwrap();
         }
     }
 }

@@ -37,6 +37,14 @@ pub struct ServeArgs {
     /// Refuse every change (EROFS) and register file pages read-only.
     #[arg(long)]
     read_only: bool,
+    /// Let clients create block and character device nodes (never opened for data by the
+    /// server either way). Off: such a mknod fails with EPERM, as on an NFS `nodev` export.
+    #[arg(long)]
+    allow_devices: bool,
+    /// Keep set-user-id bits (and set-group-id bits of files) that clients set. Off: they
+    /// are cleared, as an NFS `nosuid` export makes them meaningless.
+    #[arg(long)]
+    allow_setuid: bool,
     /// Threads carrying out requests.
     #[arg(long, default_value_t = 4)]
     workers: usize,
@@ -144,6 +152,10 @@ fn serve(a: &ServeArgs) -> Result<()> {
     let ctx = braid::Context::with_config(ccfg)?;
     let mut cfg = ServerConfig::new(&a.export, a.listen.iter().map(|s| (*s).into()).collect());
     cfg.read_only = a.read_only;
+    cfg.policy = braid_fs::server::ExportPolicy {
+        allow_devices: a.allow_devices,
+        allow_setuid: a.allow_setuid,
+    };
     cfg.workers = a.workers.clamp(1, 64);
     cfg.poll_spin = Duration::from_micros(a.poll_spin_us.min(100_000));
     cfg.squash = match (a.no_root_squash, a.all_squash) {

@@ -142,7 +142,8 @@ fn a_non_root_user_meets_the_same_refusals_as_on_a_local_directory() {
 
     // With the client kernel's checks, and with the server's alone.
     for kernel_checks in [true, false] {
-        let lb = Loopback::new(1);
+        // Set-user-id bits as on ext4 (the export's default is nosuid).
+        let lb = Loopback::with_config(1, |c| c.policy.allow_setuid = true);
         mode(lb.dir.path(), 0o755);
         let m = lb.mount("mnt", |c| {
             c.allow_other = true;

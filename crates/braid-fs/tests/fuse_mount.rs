@@ -408,7 +408,7 @@ fn permissions_for_other_users() {
 fn write_only_opens_stay_coherent_and_clear_setuid() {
     require_fuse!();
     for direct in [true, false] {
-        let lb = Loopback::new(1);
+        let lb = Loopback::with_config(1, |c| c.policy.allow_setuid = true);
         let m = lb.mount("mnt", |c| {
             c.direct_writes = direct;
             c.allow_other = true;

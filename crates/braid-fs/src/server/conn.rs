@@ -103,6 +103,8 @@ pub(crate) struct Conn {
     pub(crate) role: Mutex<Option<(Role, u64)>>,
     pub(crate) bufs: std::sync::OnceLock<Buffers>,
     pub(crate) client: Mutex<ClientState>,
+    /// When it was accepted: it must say `Hello` within `ServerConfig::hello_timeout`.
+    pub(crate) accepted: std::time::Instant,
     dead: AtomicBool,
 }
 
@@ -115,6 +117,7 @@ impl Conn {
             role: Mutex::new(None),
             bufs: std::sync::OnceLock::new(),
             client: Mutex::new(ClientState::default()),
+            accepted: std::time::Instant::now(),
             dead: AtomicBool::new(false),
         }))
     }

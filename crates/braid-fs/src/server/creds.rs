@@ -28,10 +28,10 @@
 //! carries out every request as itself and says so once at start.
 
 use std::cell::Cell;
-use std::os::fd::OwnedFd;
 
 use rustix::fs::{Mode, OFlags};
 
+use super::filetype::RegularFd;
 use super::inode::Inode;
 use crate::proto::{Caller, Errno, Request};
 
@@ -255,16 +255,15 @@ pub(crate) fn only_clears_setid(current: u32, new: u32) -> bool {
 /// read-write for a writable handle. The data path needs a readable descriptor (the file is
 /// mapped), so a write-only open checks the caller's right to write and then opens with the
 /// server's rights.
-pub(crate) fn open_for_data(inode: &Inode, acc: u32) -> Result<OwnedFd, Errno> {
-    let fd = match acc as i32 {
-        libc::O_RDONLY => inode.reopen(OFlags::RDONLY)?,
+pub(crate) fn open_for_data(inode: &Inode, acc: u32) -> Result<RegularFd, Errno> {
+    match acc as i32 {
+        libc::O_RDONLY => RegularFd::reopen(&inode.fd, OFlags::RDONLY),
         libc::O_WRONLY => {
-            drop(inode.reopen(OFlags::WRONLY)?);
-            with_server_rights(|| inode.reopen(OFlags::RDWR))?
+            drop(RegularFd::reopen(&inode.fd, OFlags::WRONLY)?);
+            with_server_rights(|| RegularFd::reopen(&inode.fd, OFlags::RDWR))
         }
-        _ => inode.reopen(OFlags::RDWR)?,
-    };
-    Ok(fd)
+        _ => RegularFd::reopen(&inode.fd, OFlags::RDWR),
+    }
 }
 
 /// Sets `inode`'s permission bits as the caller, or with the server's rights when the change

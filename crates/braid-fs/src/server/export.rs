@@ -9,30 +9,32 @@ use std::sync::Arc;
 
 use braid::Context;
 use parking_lot::Mutex;
-use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, SeekFrom, Timespec, Timestamps};
+use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timespec, Timestamps};
 
 use super::creds::{self, acting_uid};
+use super::filetype::{ExportPolicy, RegularFd};
 use super::inode::{Inode, InodeTable, dev_from_wire, empty_path, open_beneath, os, resolve_flags};
 use super::jobs::JobThread;
+use super::limits::{HandleBudget, Limits, MAX_GROWTH, POPULATE_AHEAD, Ticket};
 use super::region::FileRegions;
 use super::writeback::Writeback;
 use crate::proto::{
-    Attr, COMMIT_DATASYNC, COMMIT_SYNC, COMMIT_TOUCH, Creds, DirEntry, Entry, Errno, MAX_MSG,
-    Mapped, NodeId, Opened, Reply, Request, SetAttr, StatFs, TimeSet,
+    COMMIT_DATASYNC, COMMIT_SYNC, COMMIT_TOUCH, Creds, Entry, Errno, Mapped, NodeId, Opened, Reply,
+    Request, StatFs,
 };
+use attr::{gid_of, read_dir, uid_of};
 
 #[path = "append.rs"]
 mod append;
-
-/// Most open files and directories one client may hold.
-const MAX_HANDLES: usize = 1 << 16;
+mod attr;
 
 /// A regular file opened by a client.
 pub(crate) struct OpenFile {
     inode: Arc<Inode>,
     /// `O_RDWR` for writable handles, else `O_RDONLY`.
-    fd: OwnedFd,
+    fd: RegularFd,
     writable: bool,
+    _ticket: Ticket,
 }
 
 impl Drop for OpenFile {
@@ -48,6 +50,7 @@ impl Drop for OpenFile {
 /// A directory opened for reading.
 pub(crate) struct OpenDir {
     fd: OwnedFd,
+    _ticket: Ticket,
 }
 
 /// What the server holds for one client: lookup references and open handles. Dropped (via
@@ -58,15 +61,20 @@ pub(crate) struct ClientState {
     files: HashMap<u64, Arc<OpenFile>>,
     dirs: HashMap<u64, Arc<Mutex<OpenDir>>>,
     next_handle: u64,
+    /// Open files and directories (their tickets of the handle budget).
+    held: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ClientState {
-    fn handle(&mut self) -> Result<u64, Errno> {
-        if self.files.len() + self.dirs.len() >= MAX_HANDLES {
-            return Err(Errno::EMFILE);
-        }
+    fn handle(&mut self) -> u64 {
         self.next_handle += 1;
-        Ok(self.next_handle)
+        self.next_handle
+    }
+
+    /// Open file handles.
+    #[cfg(test)]
+    pub(crate) fn files_open(&self) -> usize {
+        self.files.len()
     }
 
     fn file(&self, fh: u64) -> Result<Arc<OpenFile>, Errno> {
@@ -79,6 +87,8 @@ pub(crate) struct Export {
     table: InodeTable,
     ctx: Context,
     read_only: bool,
+    /// Devices and set-user-id bits.
+    policy: ExportPolicy,
     /// Running as root: new objects are given to the calling user.
     as_root: bool,
     /// This process's umask, which the kernel applies on creation.
@@ -87,6 +97,8 @@ pub(crate) struct Export {
     writeback: Writeback,
     /// Faults in the pages of grown ranges, after `MapRegion` has been answered.
     populate: JobThread,
+    /// Descriptors clients may hold.
+    budget: HandleBudget,
 }
 
 /// Grows the file open as `fd` to `size` bytes (more than it has) by writing one zero byte
@@ -146,6 +158,7 @@ impl Export {
             table,
             ctx,
             read_only,
+            policy: ExportPolicy::default(),
             as_root: rustix::process::geteuid().is_root(),
             process_umask: old.as_raw_mode(),
             writeback: Writeback::start(),
@@ -153,7 +166,31 @@ impl Export {
                 "fs-populate",
                 "grown ranges are faulted in before MapRegion is answered",
             ),
+            budget: HandleBudget::new(Limits::derive(
+                rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
+                1,
+                64,
+            )),
         })
+    }
+
+    /// The export with `policy` instead of the default (`nodev,nosuid`).
+    pub(crate) fn with_policy(mut self, policy: ExportPolicy) -> Export {
+        self.policy = policy;
+        self
+    }
+
+    /// The export with the descriptor limits `limits` instead of those of the process's
+    /// limit now.
+    pub(crate) fn with_limits(mut self, limits: Limits) -> Export {
+        self.budget = HandleBudget::new(limits);
+        self
+    }
+
+    /// A ticket for one more open handle of client `cs` (before its descriptor is opened).
+    fn ticket(&self, cs: &Mutex<ClientState>) -> Result<Ticket, Errno> {
+        let held = cs.lock().held.clone();
+        self.budget.take(&held, self.table.len())
     }
 
     /// The root's entry (sent in the hello reply).
@@ -193,6 +230,8 @@ impl Export {
     }
 
     fn install(&self, cs: &Mutex<ClientState>, fd: OwnedFd) -> Result<Entry, Errno> {
+        let held = cs.lock().lookups.len();
+        self.budget.may_look_up(held, self.table.len())?;
         let (inode, attr) = self.table.install(fd)?;
         *cs.lock().lookups.entry(inode.id).or_default() += 1;
         Ok(Entry {
@@ -227,8 +266,8 @@ impl Export {
             rustix::fs::chownat(
                 &fd,
                 "",
-                Some(rustix::fs::Uid::from_raw(creds.uid)),
-                Some(rustix::fs::Gid::from_raw(gid)),
+                Some(uid_of(creds.uid)?),
+                Some(gid_of(gid)?),
                 empty_path(),
             )?;
         }
@@ -244,6 +283,15 @@ impl Export {
     pub(crate) fn handle(&self, cs: &Mutex<ClientState>, req: Request) -> Result<Reply, Errno> {
         if self.read_only && req.modifies() {
             return Err(Errno::EROFS);
+        }
+        // Checked before anything is created: an object is never left with the wrong owner.
+        if let Request::Mknod { creds, .. }
+        | Request::Mkdir { creds, .. }
+        | Request::Symlink { creds, .. }
+        | Request::Create { creds, .. } = &req
+        {
+            uid_of(creds.uid)?;
+            gid_of(creds.gid)?;
         }
         match req {
             Request::Hello { .. } => Err(Errno::EPROTO),
@@ -304,12 +352,13 @@ impl Export {
             } => {
                 let p = self.table.get(parent)?;
                 let dir = p.dir()?;
-                let perm = mode & 0o7777 & !creds.umask;
-                let kind = rustix::fs::FileType::from_raw_mode(mode);
-                if kind == rustix::fs::FileType::Directory || kind == rustix::fs::FileType::Symlink
-                {
-                    return Err(Errno::EINVAL);
-                }
+                let perm = self.policy.squash(mode & !creds.umask, false);
+                // No type bits: a regular file, as mknod(2) makes.
+                let kind = match mode & libc::S_IFMT {
+                    0 => rustix::fs::FileType::RegularFile,
+                    t => rustix::fs::FileType::from_raw_mode(t),
+                };
+                self.policy.check_mknod(kind)?;
                 rustix::fs::mknodat(
                     dir,
                     os(&name)?,
@@ -338,7 +387,7 @@ impl Export {
             } => {
                 let p = self.table.get(parent)?;
                 let dir = p.dir()?;
-                let perm = mode & 0o7777 & !creds.umask;
+                let perm = self.policy.squash(mode & !creds.umask, true);
                 rustix::fs::mkdirat(dir, os(&name)?, Mode::from_raw_mode(perm))?;
                 let e = self.entry_of(cs, dir, &name)?;
                 let inode = self.table.get(e.node)?;
@@ -496,11 +545,16 @@ impl Export {
             Request::OpenDir { node } => {
                 let inode = self.table.get(node)?;
                 inode.dir()?;
+                let ticket = self.ticket(cs)?;
                 // Through the magic link: read permission, not search, as a local opendir.
                 let fd = inode.reopen(OFlags::RDONLY | OFlags::DIRECTORY)?;
                 let mut c = cs.lock();
-                let dh = c.handle()?;
-                c.dirs.insert(dh, Arc::new(Mutex::new(OpenDir { fd })));
+                let dh = c.handle();
+                let d = OpenDir {
+                    fd,
+                    _ticket: ticket,
+                };
+                c.dirs.insert(dh, Arc::new(Mutex::new(d)));
                 Ok(Reply::Handle(dh))
             }
             Request::ReadDir {
@@ -544,11 +598,8 @@ impl Export {
         inode: Arc<Inode>,
         flags: u32,
     ) -> Result<Opened, Errno> {
-        if inode.is_dir() {
-            return Err(Errno::EISDIR);
-        }
         if !inode.is_file() {
-            return Err(Errno::ENXIO);
+            return Err(super::filetype::refusal(inode.kind));
         }
         let acc = flags & libc::O_ACCMODE as u32;
         let writable = acc != libc::O_RDONLY as u32;
@@ -556,11 +607,13 @@ impl Export {
         if self.read_only && (writable || trunc) {
             return Err(Errno::EROFS);
         }
+        let ticket = self.ticket(cs)?;
         let fd = creds::open_for_data(&inode, acc)?;
         let file = OpenFile {
             inode: inode.clone(),
             fd,
             writable,
+            _ticket: ticket,
         };
         inode.regions.lock().opens += 1;
         if trunc && writable {
@@ -582,7 +635,7 @@ impl Export {
             (attr, region)
         };
         let mut c = cs.lock();
-        let fh = c.handle()?;
+        let fh = c.handle();
         c.files.insert(fh, Arc::new(file));
         Ok(Opened { fh, attr, region })
     }
@@ -597,24 +650,13 @@ impl Export {
         creds: &Creds,
     ) -> Result<Reply, Errno> {
         let p = self.table.get(parent)?;
-        let perm = mode & 0o7777 & !creds.umask;
-        let mut oflags = OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        if flags & libc::O_EXCL as u32 != 0 {
-            oflags |= OFlags::EXCL;
-        }
-        let fd = rustix::fs::openat2(
-            p.dir()?,
-            os(name)?,
-            oflags,
-            Mode::from_raw_mode(perm),
-            resolve_flags(),
-        )?;
-        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-        self.own(&fd, creds, perm, Some(&path))?;
+        let dir = p.dir()?;
+        let perm = self.policy.squash(mode & !creds.umask, false);
+        let ticket = self.ticket(cs)?;
+        let (fd, opath) = self.create_or_open(dir, name, perm, flags, creds)?;
         if flags & libc::O_TRUNC as u32 != 0 {
             rustix::fs::ftruncate(&fd, 0)?;
         }
-        let opath = rustix::fs::open(path.as_str(), OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
         let entry = self.install(cs, opath)?;
         let inode = self.table.get(entry.node)?;
         let writable = flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32;
@@ -625,6 +667,7 @@ impl Export {
                 inode,
                 fd,
                 writable,
+                _ticket: ticket,
             },
         )?;
         Ok(Reply::Created(
@@ -635,6 +678,53 @@ impl Export {
             opened,
             p.attr()?,
         ))
+    }
+
+    /// Creates `name` in `dir` as a new regular file (given to the caller), or without
+    /// `O_EXCL` opens the regular file of that name: an object of another kind is never
+    /// opened (see [`super::filetype`]). Returns the read-write descriptor and an `O_PATH`
+    /// one of the same file.
+    fn create_or_open(
+        &self,
+        dir: &OwnedFd,
+        name: &[u8],
+        perm: u32,
+        flags: u32,
+        creds: &Creds,
+    ) -> Result<(RegularFd, OwnedFd), Errno> {
+        let excl = flags & libc::O_EXCL as u32 != 0;
+        // The name may come and go between the two attempts (another client): a few tries.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let created = rustix::fs::openat2(
+                dir,
+                os(name)?,
+                OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(perm),
+                resolve_flags(),
+            );
+            match created {
+                Ok(fd) => {
+                    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+                    let fd = RegularFd::check(fd)?;
+                    self.own(&fd, creds, perm, Some(&path))?;
+                    let opath = rustix::fs::open(
+                        path.as_str(),
+                        OFlags::PATH | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                    return Ok((fd, opath));
+                }
+                Err(rustix::io::Errno::EXIST) if !excl => {}
+                Err(e) => return Err(e.into()),
+            }
+            match open_beneath(dir, name, false) {
+                Ok(opath) => return Ok((RegularFd::reopen(&opath, OFlags::RDWR)?, opath)),
+                Err(Errno::ENOENT) if tries < 3 => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn map_region(&self, f: &OpenFile, min_size: u64) -> Result<Mapped, Errno> {
@@ -658,7 +748,10 @@ impl Export {
                     Errno::EBADF
                 });
             }
-            grow(&f.fd, min_size)?;
+            // A request costs its client a few bytes; what it makes the server allocate is
+            // bounded: the size by MAX_GROWTH per request (the client asks again for more),
+            // and pages faulted in ahead of the client's data by POPULATE_AHEAD.
+            grow(&f.fd, min_size.min(attr.size.saturating_add(MAX_GROWTH)))?;
             let old = attr.size;
             attr = f.inode.attr()?;
             let region = r.ensure(&self.ctx, &f.fd, attr.size, true)?;
@@ -667,7 +760,8 @@ impl Export {
             // bytes arrive (page by page faster than the wire fills them), not before the
             // reply: the client's writes queue behind the growth, and a synchronous
             // populate of each batch (1 ms per MiB here) left the rails idle meanwhile.
-            if let Some(job) = r.populate_job(old, attr.size)
+            let from = old.max(attr.size.saturating_sub(POPULATE_AHEAD));
+            if let Some(job) = r.populate_job(from, attr.size)
                 && let Err(job) = self.populate.submit(job)
             {
                 job();
@@ -681,6 +775,12 @@ impl Export {
         Ok(Mapped { attr, region })
     }
 
+    /// Waits until the pages of grown ranges have been faulted in (tests).
+    #[cfg(test)]
+    pub(crate) fn settle(&self) {
+        assert!(self.populate.wait_idle(std::time::Duration::from_secs(60)));
+    }
+
     /// Hands `range` of the file (if any) to the writeback thread.
     fn start_writeback(&self, f: &OpenFile, r: &FileRegions, range: Option<(u64, u64)>) {
         if let Some((from, to)) = range {
@@ -690,96 +790,4 @@ impl Export {
             self.writeback.request(&f.fd, Box::new(unmap), from, to);
         }
     }
-
-    fn setattr(
-        &self,
-        inode: &Inode,
-        file: Option<&OpenFile>,
-        set: &SetAttr,
-    ) -> Result<Attr, Errno> {
-        if let Some(size) = set.size {
-            if inode.is_dir() {
-                return Err(Errno::EISDIR);
-            }
-            if !inode.is_file() {
-                return Err(Errno::EINVAL);
-            }
-            let reopened;
-            let fd = match file.filter(|f| f.writable) {
-                Some(f) => &f.fd,
-                None => {
-                    reopened = inode.reopen(OFlags::WRONLY)?;
-                    &reopened
-                }
-            };
-            let _regions = inode.regions.lock();
-            rustix::fs::ftruncate(fd, size)?;
-        }
-        if set.uid.is_some() || set.gid.is_some() {
-            rustix::fs::chownat(
-                &inode.fd,
-                "",
-                set.uid.map(rustix::fs::Uid::from_raw),
-                set.gid.map(rustix::fs::Gid::from_raw),
-                empty_path(),
-            )?;
-        }
-        if let Some(mode) = set.mode {
-            if inode.is_symlink() {
-                return Err(Errno::EOPNOTSUPP);
-            }
-            creds::chmod(inode, mode, file.is_some_and(|f| f.writable))?;
-        }
-        if set.atime != TimeSet::Omit || set.mtime != TimeSet::Omit {
-            let spec = |t: TimeSet| match t {
-                TimeSet::Omit => Timespec {
-                    tv_sec: 0,
-                    tv_nsec: rustix::fs::UTIME_OMIT,
-                },
-                TimeSet::Now => Timespec {
-                    tv_sec: 0,
-                    tv_nsec: rustix::fs::UTIME_NOW,
-                },
-                TimeSet::At(t) => Timespec {
-                    tv_sec: t.secs,
-                    tv_nsec: t.nanos as _,
-                },
-            };
-            let times = Timestamps {
-                last_access: spec(set.atime),
-                last_modification: spec(set.mtime),
-            };
-            rustix::fs::utimensat(&inode.fd, "", &times, empty_path())?;
-        }
-        inode.attr()
-    }
-}
-
-/// Reads entries of the directory open as `fd`, starting at the cookie `offset`.
-fn read_dir(fd: &OwnedFd, offset: u64, max_bytes: u32) -> Result<Reply, Errno> {
-    rustix::fs::seek(fd, SeekFrom::Start(offset))?;
-    // Keep the reply inside one message: each entry costs 24 bytes plus its name.
-    let budget = (max_bytes as usize).clamp(4096, MAX_MSG - 512);
-    let mut buf = Vec::<u8>::with_capacity(32 * 1024);
-    let mut it = rustix::fs::RawDir::new(fd, buf.spare_capacity_mut());
-    let mut out = Vec::new();
-    let mut used = 0;
-    let mut eof = true;
-    while let Some(e) = it.next() {
-        let e = e?;
-        let name = e.file_name().to_bytes();
-        let cost = 24 + name.len();
-        if used + cost > budget {
-            eof = false;
-            break;
-        }
-        used += cost;
-        out.push(DirEntry {
-            ino: e.ino(),
-            next_offset: e.next_entry_cookie(),
-            file_type: e.file_type().as_raw_mode(),
-            name: name.to_vec(),
-        });
-    }
-    Ok(Reply::Dir(out, eof))
 }

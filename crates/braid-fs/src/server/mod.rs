@@ -18,8 +18,13 @@
 mod conn;
 mod creds;
 mod export;
+mod filetype;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod inode;
 mod jobs;
+mod limits;
 mod locks;
 mod lockserv;
 mod region;
@@ -29,9 +34,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use braid::{Completion, CompletionKind, CompletionQueue, Context, EndpointOptions, Listener};
 use parking_lot::RwLock;
@@ -43,6 +48,8 @@ use conn::{Buffers, Conn, HELLO, HELLO_LEN, RECV, SEND};
 use creds::CallerMap;
 pub use creds::{ANON_ID, Squash};
 use export::Export;
+pub use filetype::ExportPolicy;
+use limits::{HELLO_DEADLINE, Limits, warn_limited};
 
 /// How a server is set up.
 #[derive(Debug, Clone)]
@@ -53,10 +60,20 @@ pub struct ServerConfig {
     pub listen: Vec<SocketAddr>,
     /// Refuse every change (`EROFS`) and register file pages read-only.
     pub read_only: bool,
+    /// Devices and set-user-id bits (default: neither, as an NFS export's `nodev,nosuid`).
+    pub policy: ExportPolicy,
     /// Threads carrying out requests (default 4).
     pub workers: usize,
-    /// Most clients connected at once (default 64).
+    /// Most clients connected at once (default 64); fewer if the descriptor limit allows
+    /// fewer endpoints (see `docs/FS.md`).
     pub max_clients: usize,
+    /// Descriptors the server may use in all (default `None`: the process's limit, whose
+    /// soft value is raised to the hard one at start). Endpoint and handle caps are derived
+    /// from it (`docs/FS.md`, "Limits").
+    pub fd_limit: Option<u64>,
+    /// An endpoint that has not said `Hello` this long after it connected is closed
+    /// (default 5 s).
+    pub hello_timeout: Duration,
     /// Requests one client may have outstanding (default 32): the receive buffers posted
     /// for it.
     pub max_outstanding: usize,
@@ -84,8 +101,11 @@ impl ServerConfig {
             export: export.into(),
             listen,
             read_only: false,
+            policy: ExportPolicy::default(),
             workers: 4,
             max_clients: 64,
+            fd_limit: None,
+            hello_timeout: HELLO_DEADLINE,
             max_outstanding: 32,
             session: braid::SessionConfig::default(),
             poll_spin: Duration::from_micros(20),
@@ -110,6 +130,26 @@ pub enum ServerError {
     Thread(#[from] std::io::Error),
 }
 
+/// A client's session token: 64 bits from the operating system's generator (never 0), so
+/// that another client cannot guess it and attach a data endpoint of its own.
+fn session_token() -> Result<u64, Errno> {
+    let mut b = [0u8; 8];
+    match rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()) {
+        Ok(8) if b != [0; 8] => Ok(u64::from_le_bytes(b)),
+        _ => Err(Errno::EAGAIN),
+    }
+}
+
+/// The remote addresses (without ports) of an endpoint's rails, sorted.
+fn peer_hosts(ep: &braid::Endpoint) -> Vec<std::net::IpAddr> {
+    let mut v: Vec<_> = ep.rail_addrs().iter().map(|(_, r)| r.ip()).collect();
+    v.sort();
+    v
+}
+
+/// How often the acceptor looks for endpoints past their hello deadline.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(200);
+
 struct Shared {
     ctx: Context,
     cfg: ServerConfig,
@@ -118,7 +158,7 @@ struct Shared {
     cq: CompletionQueue,
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     stop: AtomicBool,
-    next_session: AtomicU64,
+    limits: Limits,
     /// Byte-range and `flock` locks of every client.
     locks: lockserv::Locks,
 }
@@ -142,8 +182,20 @@ impl std::fmt::Debug for Server {
 impl Server {
     /// Opens the export, listens and starts serving.
     pub fn start(ctx: &Context, cfg: ServerConfig) -> Result<Server, ServerError> {
-        let export =
-            Export::new(ctx.clone(), &cfg.export, cfg.read_only).map_err(ServerError::Export)?;
+        let fd_limit = cfg.fd_limit.or_else(limits::raise_nofile);
+        let limits = Limits::derive(fd_limit, cfg.listen.len(), cfg.max_clients);
+        tracing::info!(
+            "descriptor limit {fd_limit:?}: at most {} endpoints, {} objects and handles in all, \
+             {} handles and {} objects per client",
+            limits.endpoints,
+            limits.pool,
+            limits.handles_per_client,
+            limits.objects_per_client
+        );
+        let export = Export::new(ctx.clone(), &cfg.export, cfg.read_only)
+            .map_err(ServerError::Export)?
+            .with_policy(cfg.policy)
+            .with_limits(limits);
         let listener = Arc::new(ctx.listen(&cfg.listen)?);
         let per_client = 2 * cfg.max_outstanding.max(1) + 4;
         let cq = ctx.create_cq(cfg.max_clients.max(1) * 2 * per_client + 64);
@@ -163,7 +215,7 @@ impl Server {
             cq,
             conns: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
-            next_session: AtomicU64::new(1),
+            limits,
             locks: Default::default(),
             cfg,
         });
@@ -244,22 +296,40 @@ impl Shared {
             session: self.cfg.session.clone(),
             ..EndpointOptions::new(&self.cq)
         };
+        let mut swept = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
-            let ep = match listener.accept(&opts, Duration::from_millis(200)) {
+            if swept.elapsed() >= SWEEP_INTERVAL {
+                self.close_silent();
+                swept = Instant::now();
+            }
+            let ep = match listener.accept(&opts, SWEEP_INTERVAL) {
                 Ok(ep) => ep,
                 Err(braid::Error::Timeout(_)) => continue,
                 Err(e) => {
                     if !self.stop.load(Ordering::Acquire) {
-                        tracing::warn!("accept failed: {e}");
+                        warn_limited!("accept failed: {e}");
+                        // Out of descriptors: wait for some to be closed, never spin.
+                        if matches!(&e, braid::Error::Io(io) if braid::throttle::out_of_descriptors(io))
+                        {
+                            std::thread::sleep(braid::throttle::ACCEPT_BACKOFF);
+                        }
                     }
                     continue;
                 }
             };
+            if !self.make_room() {
+                warn_limited!(
+                    "refusing an endpoint: {} connected, all of them clients",
+                    self.limits.endpoints
+                );
+                ep.close();
+                continue;
+            }
             let id = ep.id();
             let conn = match Conn::new(&self.ctx, ep) {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!("setting up an endpoint failed: {e}");
+                    warn_limited!("setting up an endpoint failed: {e}");
                     continue;
                 }
             };
@@ -268,10 +338,57 @@ impl Shared {
             match conn.post_hello() {
                 Ok(()) => tracing::debug!(endpoint = id, "client endpoint connected"),
                 Err(e) => {
-                    tracing::warn!("posting the hello receive failed: {e}");
+                    warn_limited!("posting the hello receive failed: {e}");
                     self.drop_conn(&conn);
                 }
             }
+        }
+    }
+
+    /// Makes room for one more endpoint if the table is full, by closing the oldest one that
+    /// has not said `Hello`; false if all are clients'.
+    fn make_room(&self) -> bool {
+        let oldest = {
+            let conns = self.conns.read();
+            if conns.len() < self.limits.endpoints {
+                return true;
+            }
+            conns
+                .values()
+                .filter(|c| c.session().is_none())
+                .min_by_key(|c| c.accepted)
+                .cloned()
+        };
+        match oldest {
+            Some(c) => {
+                warn_limited!(
+                    endpoint = c.ep.id(),
+                    "closing the oldest endpoint without a hello: {} endpoints connected",
+                    self.limits.endpoints
+                );
+                self.drop_conn(&c);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes the endpoints that have not said `Hello` within the configured time.
+    fn close_silent(&self) {
+        let silent: Vec<Arc<Conn>> = self
+            .conns
+            .read()
+            .values()
+            .filter(|c| c.session().is_none() && c.accepted.elapsed() > self.cfg.hello_timeout)
+            .cloned()
+            .collect();
+        for c in silent {
+            warn_limited!(
+                endpoint = c.ep.id(),
+                "closing an endpoint that said no hello within {:?}",
+                self.cfg.hello_timeout
+            );
+            self.drop_conn(&c);
         }
     }
 
@@ -310,7 +427,7 @@ impl Shared {
             }
             CompletionKind::Send => {} // the hello reply
             other => {
-                tracing::warn!(
+                warn_limited!(
                     endpoint = c.endpoint,
                     ?other,
                     "unexpected completion; closing"
@@ -361,7 +478,7 @@ impl Shared {
         let (id, _caller, req) = match decode_request(&bytes) {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(endpoint = c.endpoint, "bad hello: {e}; closing");
+                warn_limited!(endpoint = c.endpoint, "bad hello: {e}; closing");
                 return self.drop_conn(conn);
             }
         };
@@ -371,7 +488,7 @@ impl Shared {
             session,
         } = req
         else {
-            tracing::warn!(
+            warn_limited!(
                 endpoint = c.endpoint,
                 "first message is not a hello; closing"
             );
@@ -392,7 +509,7 @@ impl Shared {
                 conn.ep.send(HELLO, &[sge]).map_err(|e| e.to_string())
             });
         if let Err(e) = sent {
-            tracing::warn!(endpoint = c.endpoint, "hello reply failed: {e}");
+            warn_limited!(endpoint = c.endpoint, "hello reply failed: {e}");
             return self.drop_conn(conn);
         }
         if refused {
@@ -414,12 +531,12 @@ impl Shared {
         let session = match role {
             Role::Meta => {
                 if self.meta_clients() >= self.cfg.max_clients {
-                    tracing::warn!("refusing a client: {} connected", self.cfg.max_clients);
+                    warn_limited!("refusing a client: {} connected", self.cfg.max_clients);
                     return Err(Errno::EAGAIN);
                 }
                 let bufs =
                     Buffers::new(&self.ctx, self.cfg.max_outstanding.max(1)).map_err(|e| {
-                        tracing::warn!("allocating client buffers failed: {e}");
+                        warn_limited!("allocating client buffers failed: {e}");
                         Errno::ENOMEM
                     })?;
                 let slots = bufs.slots;
@@ -429,22 +546,38 @@ impl Shared {
                 for i in 0..slots {
                     conn.repost(i).map_err(|_| Errno::ENOTCONN)?;
                 }
-                self.next_session.fetch_add(1, Ordering::Relaxed)
-                    ^ self.export.root()?.node.generation
+                // Under the table's lock: no other meta endpoint takes the same token.
+                let conns = self.conns.write();
+                let token = loop {
+                    let t = session_token()?;
+                    if !conns
+                        .values()
+                        .any(|c| c.session().is_some_and(|s| s.1 == t))
+                    {
+                        break t;
+                    }
+                };
+                *conn.role.lock() = Some((role, token));
+                token
             }
             Role::Data => {
-                let known = self
-                    .conns
-                    .read()
+                // One data endpoint per client, from the hosts of its meta endpoint; under
+                // the table's lock, so two endpoints with the token cannot both be taken.
+                let conns = self.conns.write();
+                let meta = conns
                     .values()
-                    .any(|c| c.session() == Some((Role::Meta, session)));
-                if !known {
+                    .find(|c| c.session() == Some((Role::Meta, session)))
+                    .ok_or(Errno::EACCES)?;
+                let taken = conns
+                    .values()
+                    .any(|c| c.session() == Some((Role::Data, session)));
+                if taken || peer_hosts(&meta.ep) != peer_hosts(&conn.ep) {
                     return Err(Errno::EACCES);
                 }
+                *conn.role.lock() = Some((role, session));
                 session
             }
         };
-        *conn.role.lock() = Some((role, session));
         Ok(Reply::Hello(HelloReply {
             version: proto::VERSION,
             root: self.export.root()?,
@@ -470,7 +603,7 @@ impl Shared {
         let (id, caller, req) = match decode_request(&bytes) {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(endpoint = conn.ep.id(), "malformed request: {e}; closing");
+                warn_limited!(endpoint = conn.ep.id(), "malformed request: {e}; closing");
                 return self.drop_conn(conn);
             }
         };
@@ -485,12 +618,12 @@ impl Shared {
         let msg = match encode_reply(id, op, &reply) {
             Ok(m) => m,
             Err(e) => {
-                tracing::error!("encoding the reply to {op:?}: {e}");
+                warn_limited!("encoding the reply to {op:?}: {e}");
                 encode_reply(id, op, &Err(Errno::EIO)).unwrap_or_default()
             }
         };
         if bufs.send_reply(&conn.ep, msg).is_err() {
-            tracing::warn!(
+            warn_limited!(
                 endpoint = conn.ep.id(),
                 "a reply could not be sent (connection failed, or the client exceeded its outstanding requests); closing"
             );
@@ -501,5 +634,7 @@ impl Shared {
 
 #[cfg(test)]
 mod creds_tests;
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 mod tests;

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use braid::{Access, Context, Region};
 
 use super::jobs::Job;
+use super::limits::warn_limited;
 use super::writeback::{LAG, STEP};
 use crate::proto::{Errno, RegionInfo};
 
@@ -76,7 +77,7 @@ impl FileRegion {
             Access::REMOTE_READ
         };
         let region = ctx.register_file(fd, 0, len_usize, access).map_err(|e| {
-            tracing::warn!("registering a file region of {len} bytes failed: {e}");
+            warn_limited!("registering a file region of {len} bytes failed: {e}");
             match e {
                 braid::Error::Io(io) => Errno::from(io),
                 braid::Error::InvalidArgument(_) => Errno::EINVAL,

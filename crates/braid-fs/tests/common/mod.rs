@@ -46,6 +46,11 @@ pub struct Loopback {
 
 impl Loopback {
     pub fn new(rails: usize) -> Loopback {
+        Loopback::with_config(rails, |_| {})
+    }
+
+    /// As [`Loopback::new`], with the server's configuration changed by `tweak`.
+    pub fn with_config(rails: usize, tweak: impl FnOnce(&mut ServerConfig)) -> Loopback {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("export")).unwrap();
         let ctx = Context::new().unwrap();
@@ -55,6 +60,7 @@ impl Loopback {
         let mut cfg = ServerConfig::new(dir.path().join("export"), listen);
         // The tests run as root and own the export: trust root, as NFS's no_root_squash.
         cfg.squash = Squash::None;
+        tweak(&mut cfg);
         let server = Server::start(&ctx, cfg).unwrap();
         let rails = server
             .local_addrs()
