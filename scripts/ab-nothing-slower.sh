@@ -13,11 +13,11 @@ out=$(mktemp -d); trap 'rm -rf "$out"; "$A" testbed down --name abns >/dev/null 
 bin() { if [ "$1" = A ]; then echo "$A"; else echo "$B"; fi; }
 for i in $(seq 1 "$R"); do
   for t in A B; do
-    "$(bin $t)" demo --rails 4 -D 2 --sizes 4M --json "$out/d.json" --chart "$out/d.svg" >/dev/null 2>&1
+    "$(bin $t)" demo --rail-count 4 -D 2 --sizes 4M --json "$out/d.json" --chart "$out/d.svg" >/dev/null 2>&1
     python3 -c "import json;r=json.load(open('$out/d.json'))['rows'];print('demo $i $t rma 4 rails efficiency', ['%.4f'%x['efficiency'] for x in r if x['mode']=='rma' and x['rails']==4][0])"
   done
 done
-"$A" testbed up --name abns --hosts 2 --rails 4 --unshaped >/dev/null
+"$A" testbed up --name abns --hosts 2 --rail-count 4 --unshaped >/dev/null
 rails=198.18.0.1=198.18.0.2:18515,198.18.1.1=198.18.1.2:18515,198.18.2.1=198.18.2.2:18515,198.18.3.1=198.18.3.2:18515
 for i in $(seq 1 "$R"); do
   for t in A B; do
@@ -36,7 +36,7 @@ for i in $(seq 1 $((R * 3))); do
     "$(bin $t)" bench server --listen 127.0.0.1:$port >/dev/null 2>&1 &
     s=$!
     for _ in $(seq 1 100); do ss -ltn | grep -q ":$port " && break; sleep 0.05; done
-    timeout 60 "$(bin $t)" bench write-lat --rails 127.0.0.1=127.0.0.1:$port -s 8 -n 20000 --poll-only --json - 2>/dev/null |
+    timeout 60 "$(bin $t)" bench write-lat --rails 127.0.0.1=127.0.0.1:$port -s 8 --iters 20000 --poll-only --json - 2>/dev/null |
       python3 -c "import json,sys;print('write-lat $i $t median us %.2f'%json.load(sys.stdin)['results'][0]['lat_us_median'])"
     wait $s
   done

@@ -9,7 +9,7 @@ set -euo pipefail
 BRAID=${1:-target/release/braid}
 N=${2:-4}
 shift $(( $# < 2 ? $# : 2 ))
-"$BRAID" testbed up --name bwc --hosts 2 --rails "$N" --rate none >/dev/null
+"$BRAID" testbed up --name bwc --hosts 2 --rail-count "$N" --rate none >/dev/null
 out=$(mktemp -d)
 cleanup() { "$BRAID" testbed down --name bwc >/dev/null 2>&1 || true; rm -rf "$out"; }
 trap cleanup EXIT

@@ -11,7 +11,7 @@ BRAID=${1:-target/release/braid}
 ROUNDS=${2:-3}
 N=${3:-4}
 command -v iperf3 >/dev/null || { echo "iperf3 missing (apt-get install iperf3)" >&2; exit 1; }
-"$BRAID" testbed up --name bwi --hosts 2 --rails "$N" --rate none >/dev/null
+"$BRAID" testbed up --name bwi --hosts 2 --rail-count "$N" --rate none >/dev/null
 cleanup() { "$BRAID" testbed down --name bwi >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 H0="ip netns exec bwi-h0"; H1="ip netns exec bwi-h1"

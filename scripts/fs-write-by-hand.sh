@@ -12,7 +12,7 @@ RUNS=$1 TURNS=$2
 shift 2
 [ $# -ge 1 ] || { echo "usage: $0 RUNS TURNS BRAID [BRAID...]" >&2; exit 64; }
 command -v strace >/dev/null || { echo "strace missing (apt-get install strace)" >&2; exit 1; }
-"$1" testbed up --name fsw --hosts 2 --rails 4 >/dev/null
+"$1" testbed up --name fsw --hosts 2 --rail-count 4 >/dev/null
 EXPORT=$(mktemp -d /var/tmp/fsw-export.XXXXXX) MNT=$(mktemp -d /tmp/fsw-mnt.XXXXXX)
 TRACE=$(mktemp)
 SP='' MP=''

@@ -15,7 +15,7 @@
 #        scripts/fs-write-checks.sh BRAID verify GIB
 set -euo pipefail
 B=$1 MODE=$2
-"$B" testbed up --name fsc --hosts 2 --rails 4 >/dev/null
+"$B" testbed up --name fsc --hosts 2 --rail-count 4 >/dev/null
 EXPORT=$(mktemp -d /var/tmp/fsc-export.XXXXXX) MNT=$(mktemp -d /tmp/fsc-mnt.XXXXXX)
 LOGS=$(mktemp -d)
 SP='' MP=''

@@ -12,7 +12,7 @@ BRAID=${1:-target/release/braid}
 ROUNDS=${2:-3}
 shift $(( $# < 2 ? $# : 2 ))
 command -v ucx_perftest >/dev/null || { echo "ucx_perftest missing (apt-get install ucx-utils)" >&2; exit 1; }
-"$BRAID" testbed up --name latu --hosts 2 --rails 1 --rate none >/dev/null
+"$BRAID" testbed up --name latu --hosts 2 --rail-count 1 --rate none >/dev/null
 cleanup() { "$BRAID" testbed down --name latu >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 H0="ip netns exec latu-h0"; H1="ip netns exec latu-h1"
@@ -22,14 +22,14 @@ for r in $(seq 1 "$ROUNDS"); do
     $H1 "$BRAID" bench server --listen $B:19600 >/dev/null 2>&1 &
     sp=$!
     sleep 0.4
-    $H0 "$BRAID" bench write-lat --rails $A=$B:19600 -s 8 -n 20000 --baseline "$@" \
+    $H0 "$BRAID" bench write-lat --rails $A=$B:19600 -s 8 --iters 20000 --baseline "$@" \
         --json "$out/b.json" >/dev/null 2>&1 || echo "round $r: braid run failed" >&2
     wait $sp || true
     for op in read-lat atomic-lat; do
         $H1 "$BRAID" bench server --listen $B:19600 >/dev/null 2>&1 &
         sp=$!
         sleep 0.4
-        $H0 "$BRAID" bench $op --rails $A=$B:19600 -s 8 -n 20000 --baseline "$@" \
+        $H0 "$BRAID" bench $op --rails $A=$B:19600 -s 8 --iters 20000 --baseline "$@" \
             --json "$out/$op.json" >/dev/null 2>&1 || echo "round $r: braid $op failed" >&2
         wait $sp || true
     done

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Blocking-wait ping-pongs of multi-frame messages over one unshaped testbed rail
-# (docs/RAW-ETHERNET.md, "Limits of raw rails"): `braid bench write-lat --spin-us 0` with
+# (docs/RAW-ETHERNET.md, "Limits of raw rails"): `braid bench write-lat --poll-spin-us 0` with
 # 64 KiB messages, both sides asleep in their waits; prints the one-way statistics of the
 # busy-polled and the blocking runs per round. T=tcp runs the same over TCP rails.
 # Needs root; makes the testbed `rbl` and removes it at the end.
@@ -9,7 +9,7 @@ set -euo pipefail
 BRAID=${1:-target/release/braid}
 ROUNDS=${2:-3}
 SIZE=${3:-65536}
-"$BRAID" testbed up --name rbl --hosts 2 --rails 1 --rate none >/dev/null
+"$BRAID" testbed up --name rbl --hosts 2 --rail-count 1 --rate none >/dev/null
 out=$(mktemp -d)
 cleanup() { "$BRAID" testbed down --name rbl >/dev/null 2>&1 || true; rm -rf "$out"; }
 trap cleanup EXIT
@@ -19,7 +19,7 @@ for r in $(seq 1 "$ROUNDS"); do
     sp=$!
     sleep 0.4
     BRAID_TRANSPORT=${T:-raw} $H0 "$BRAID" bench write-lat --rails 198.18.0.1=198.18.0.2:19700 \
-        -s "$SIZE" -n 5000 --spin-us 0 --json "$out/r.json" >/dev/null 2>&1 || echo "round $r: braid run failed" >&2
+        -s "$SIZE" -n 5000 --poll-spin-us 0 --json "$out/r.json" >/dev/null 2>&1 || echo "round $r: braid run failed" >&2
     wait $sp || true
     python3 - "$out/r.json" "$r" "${T:-raw}" <<'PY'
 import json, sys

@@ -25,7 +25,7 @@ for r in $(seq 1 "$ROUNDS"); do
         srv=$!
         sleep 0.3
         taskset -c 1 timeout 120 "$b" bench write-lat --rails 127.0.0.1=127.0.0.1:$PORT -s 8 \
-            -n "$N" --poll-only --json "$out/l.json" >/dev/null 2>&1 || echo "round $r: $which failed" >&2
+            --iters "$N" --poll-only --json "$out/l.json" >/dev/null 2>&1 || echo "round $r: $which failed" >&2
         wait "$srv" 2>/dev/null || true
         python3 -c "
 import json, sys

@@ -8,7 +8,7 @@
 # (UCX_TLS=shm,self); 4 MiB and 16 MiB RMA writes at depth 1 (one buffer each side, as
 # ucx_perftest's put_bw) and at braid bench's default depth (16 MiB in flight) against
 # `ucx_perftest -t ucp_put_bw` and against braid over TCP loopback. ucx_perftest busy-polls,
-# so braid's runs do too (`--spin-us 1000000`: both sides spin in their completion waits).
+# so braid's runs do too (`--poll-spin-us 1000000`: both sides spin in their completion waits).
 # The write rows measure single copy (BRAID_PAGE_EXCHANGE=0). Then page exchange: 16 MiB
 # sends at depth 1, single copy against page exchange, with the sender's buffer untouched
 # between sends or rewritten before each (--rewrite), and the receiver touching every page
@@ -60,11 +60,11 @@ for r in $(seq "$ROUNDS"); do
     echo "== round $r"
     # Latency: typical one-way (braid t_typical, UCX typical latency), microseconds.
     if [ "${SAME_HOST_PIN:-0}" = 1 ]; then ps=(taskset -c 0); pc=(taskset -c 1); fi
-    l=$(braid_run auto write-lat -s 8 -n 100000 --poll-only)
+    l=$(braid_run auto write-lat -s 8 --iters 100000 --poll-only)
     echo "lat braid-shm 8B typical_us $(echo "$l" | awk '{print $6}')"
     u=$(ucx_run tag_lat 8 100000)
     echo "lat ucx-shm   8B typical_us $(echo "$u" | awk '{print $3}')"
-    l=$(braid_run tcp write-lat -s 8 -n 100000 --poll-only)
+    l=$(braid_run tcp write-lat -s 8 --iters 100000 --poll-only)
     echo "lat braid-tcp 8B typical_us $(echo "$l" | awk '{print $6}')"
     ps=(); pc=()
     # Bandwidth, MB/s (10^6): braid's BW column, UCX's average bandwidth (UCX prints MiB/s).
@@ -75,7 +75,7 @@ for r in $(seq "$ROUNDS"); do
         for q in 1 default; do
             depth=(); [ "$q" = 1 ] && depth=(-q 1)
             for t in auto tcp; do
-                row=$(braid_run $t write -s "$s" "${depth[@]}" -D 3 --spin-us 1000000)
+                row=$(braid_run $t write -s "$s" "${depth[@]}" -D 3 --poll-spin-us 1000000)
                 name=braid-shm; [ "$t" = tcp ] && name=braid-tcp
                 echo "bw $name $s depth-$q MB/s $(echo "$row" | awk '{print $3}') client_cpu_s/GB $(echo "$row" | awk '{print $5}') server_cpu_s/GB $(echo "$row" | awk '{print $6}')"
             done
@@ -90,7 +90,7 @@ for r in $(seq "$ROUNDS"); do
         rewrite-touch) flags=(--rewrite --touch) ;;
         esac
         for ex in 0 1; do
-            row=$(EX=$ex braid_run auto send -s 16M -q 1 -D 3 --spin-us 1000000 "${flags[@]}")
+            row=$(EX=$ex braid_run auto send -s 16M -q 1 -D 3 --poll-spin-us 1000000 "${flags[@]}")
             name=copy; [ "$ex" = 1 ] && name=exchange
             echo "px send 16M $v $name MB/s $(echo "$row" | awk '{print $3}') client_cpu_s/GB $(echo "$row" | awk '{print $5}') $(echo "$row" | grep -o 'rewrite [0-9]*% of the time' || true)"
         done

@@ -12,7 +12,7 @@ BRAID=${1:-target/release/braid}
 ROUNDS=${2:-3}
 XPP=${3:-target/release/examples/xdp_pingpong}
 [ -x "$XPP" ] || { echo "$XPP missing (cargo build --release -p braid-xdp --examples)" >&2; exit 1; }
-"$BRAID" testbed up --name xlat --hosts 2 --rails 1 --rate none >/dev/null
+"$BRAID" testbed up --name xlat --hosts 2 --rail-count 1 --rate none >/dev/null
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -31,7 +31,7 @@ for r in $(seq 1 "$ROUNDS"); do
     $H1 "$BRAID" bench server --listen $B:19610 >/dev/null 2>&1 &
     sp=$!; pids+=($sp)
     sleep 0.4
-    $H0 "$BRAID" bench write-lat --rails $A=$B:19610 -s 8 -n 100000 --baseline --poll-only \
+    $H0 "$BRAID" bench write-lat --rails $A=$B:19610 -s 8 --iters 100000 --baseline --poll-only \
         --json "$out/b.json" >/dev/null 2>&1 || echo "round $r: braid run failed" >&2
     wait $sp || true
     python3 - "$out/b.json" "$r" "$x" <<'PY'

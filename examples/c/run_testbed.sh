@@ -41,7 +41,7 @@ install_prefix "$OUT/prefix"
 cc -O2 -Wall -Wextra examples/c/exs_braid.c -o "$OUT/exs_braid" $(pkg-config --cflags --libs exs) \
     -Wl,-rpath,"$LIBDIR"
 
-if ! "$B" testbed up --name "$NAME" --rails 4; then
+if ! "$B" testbed up --name "$NAME" --rail-count 4; then
     echo "SKIP: cannot create the testbed"
     exit 0
 fi

@@ -3,7 +3,7 @@
 
 For each application: the plain sequential program, the DSM program as 1 rank, and as 2
 ranks on the two hosts of a testbed with 4 x 1 Gbit/s rails (`braid testbed up --name
-NAME --hosts 2 --rails 4`, made and removed by this script unless --keep-testbed), each
+NAME --hosts 2 --rail-count 4`, made and removed by this script unless --keep-testbed), each
 DSM run checked bit for bit against the sequential program's result (--expect HASH).
 Reports the times, the speedups (sequential / 2 ranks, 1 rank / 2 ranks), every rank's
 waiting time in barriers and locks, its DSM counters (faults, pages sent) and the bytes
@@ -156,7 +156,7 @@ def main():
         run(["sh", os.path.join(ROOT, "examples", "dsm", "build.sh")], 1800)
     made = False
     if not a.keep_testbed:
-        run([BRAID, "testbed", "up", "--name", a.testbed, "--hosts", "2", "--rails", "4"], 120)
+        run([BRAID, "testbed", "up", "--name", a.testbed, "--hosts", "2", "--rail-count", "4"], 120)
         made = True
     result = {
         "machine": {"cpus": os.cpu_count(), "nice": os.nice(0), "autogroup": group},

@@ -383,7 +383,7 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
     install_signal_flag();
     let n = opts.rates.len();
     if n == 0 || n > 250 {
-        bail!("--rails must be 1..250");
+        bail!("--rail-count must be 1..250");
     }
     let exe = std::env::current_exe().context("finding the braid executable")?;
     let dir = std::env::temp_dir().join(format!("braid-demo-{}", std::process::id()));
@@ -445,6 +445,9 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
             plan.extend((1..=n).map(|k| (mode, k, s)));
         }
     }
+    // A bar on a terminal; elsewhere (a pipe, CI's log) a line per measurement.
+    let plain = !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let cells = plan.len();
     let pb = indicatif::ProgressBar::new(plan.len() as u64);
     pb.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
@@ -505,6 +508,17 @@ pub fn run(opts: &DemoOpts) -> Result<Report> {
                 }
                 row.error = Some(msg);
             }
+        }
+        if plain {
+            eprintln!(
+                "braid demo: {}/{cells} {mode} {k} rail(s) {size} B: {}",
+                rows.len() + 1,
+                match (&row.goodput_mb_s, &row.error) {
+                    (Some(g), _) => format!("{g:.1} MB/s"),
+                    (None, Some(e)) => format!("failed: {e}"),
+                    (None, None) => "no result".into(),
+                }
+            );
         }
         rows.push(row);
         pb.inc(1);

@@ -7,6 +7,7 @@
 //! with rail failures ([`soak`]) and the file service against sshfs ([`fsbench`]). The
 //! `braid` binary is a thin front end over these modules; each is usable from tests.
 
+pub mod args;
 pub mod baseline;
 pub mod bench;
 pub mod chart;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::addrs::RailSpec;
 use crate::error::BootError;
+use crate::launcher::{check_rank0_host, launcher_root};
 
 /// Rank and size variables, in the order they are looked for: the first pair present wins.
 /// (Open MPI, PMI (MPICH/Hydra, Intel MPI), Slurm, braid's own.)
@@ -18,7 +19,8 @@ pub const RANK_SIZE_VARS: [(&str, &str, &str); 4] = [
 ];
 
 /// The rendezvous, `host:port` (or several, comma-separated, tried in order): rank 0
-/// listens on the port, every rank connects to the first address that answers.
+/// listens on the port, every rank connects to the first address that answers. Under
+/// `mpirun` and `srun` it defaults to one the launcher implies ([`crate::launcher`]).
 pub const ROOT_ENV: &str = "BRAID_ROOT";
 /// The job's identity; two jobs on one rendezvous are told apart by it.
 pub const JOB_ENV: &str = "BRAID_JOB";
@@ -37,8 +39,8 @@ pub struct LaunchEnv {
     pub rank: usize,
     /// Number of processes in the job.
     pub size: usize,
-    /// The rendezvous (`BRAID_ROOT`): `host:port`, or several comma-separated; empty for a
-    /// job of one process.
+    /// The rendezvous (`BRAID_ROOT`, else the launcher's, see [`crate::launcher`]):
+    /// `host:port`, or several comma-separated; empty for a job of one process.
     pub root: String,
     /// The job's identity (`BRAID_JOB`, else the launcher's job id, else `default`).
     pub job: String,
@@ -75,8 +77,25 @@ impl std::fmt::Debug for LaunchEnv {
 impl LaunchEnv {
     /// Reads the process environment. With no launcher variables at all the process is rank
     /// 0 of a job of 1 (like an MPI singleton).
+    /// Under `mpirun` without `BRAID_ROOT`, rank 0 also checks that it runs on `mpirun`'s
+    /// host, where the others look for it.
     pub fn from_env() -> Result<LaunchEnv, BootError> {
-        LaunchEnv::from_vars(|k| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned()))
+        let get = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
+        let env = LaunchEnv::from_vars(get)?;
+        let root_unset = get(ROOT_ENV).is_none_or(|r| r.trim().is_empty());
+        if env.rank == 0
+            && env.size > 1
+            && root_unset
+            && let Some(r) = launcher_root(env.launcher, &get)?
+        {
+            let local: Vec<std::net::IpAddr> = if_addrs::get_if_addrs()
+                .map_err(|e| BootError::BadEnv(format!("listing this host's addresses: {e}")))?
+                .iter()
+                .map(|i| i.ip())
+                .collect();
+            check_rank0_host(&r, &local, &crate::addrs::hostname())?;
+        }
+        Ok(env)
     }
 
     /// [`LaunchEnv::from_env`] over any variable lookup (for embedding and tests).
@@ -114,15 +133,23 @@ impl LaunchEnv {
             }
             None => ("singleton", 0, 1),
         };
-        let root = get(ROOT_ENV).unwrap_or_default().trim().to_owned();
-        if root.is_empty() {
-            if size > 1 {
-                return Err(bad(format!(
-                    "{ROOT_ENV} is not set: a job of {size} ranks needs the rendezvous host:port \
-                     (braid run sets it; with mpirun pass -x {ROOT_ENV}=HOST:PORT)"
-                )));
+        let mut root = get(ROOT_ENV).unwrap_or_default().trim().to_owned();
+        if root.is_empty() && size > 1 {
+            match launcher_root(launcher, &get)? {
+                Some(r) => {
+                    tracing::debug!(root = %r.root, "rendezvous from {}", r.source);
+                    root = r.root;
+                }
+                None => {
+                    return Err(bad(format!(
+                        "{ROOT_ENV} is not set and the launcher ({launcher}) names no \
+                         rendezvous: a job of {size} ranks needs one (braid run, mpirun and \
+                         srun provide it; else set {ROOT_ENV}=HOST:PORT of rank 0's host)"
+                    )));
+                }
             }
-        } else {
+        }
+        if !root.is_empty() {
             root_candidates(&root)?;
         }
         let job = match get(JOB_ENV).filter(|j| !j.is_empty()) {
@@ -348,6 +375,47 @@ mod tests {
         let mut v = two.to_vec();
         v.extend([("BRAID_ROOT", "h:1"), ("BRAID_JOIN_TIMEOUT", "-1")]);
         assert!(msg(env(&v)).contains("BRAID_JOIN_TIMEOUT"));
+    }
+
+    #[test]
+    fn the_launcher_implies_the_root_and_braid_root_overrides_it() {
+        let ompi = [
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_MCA_ess_base_jobid", "1261830145"),
+            (
+                "OMPI_MCA_orte_hnp_uri",
+                "1261830144.0;tcp://198.18.0.1,198.18.1.1:55173",
+            ),
+        ];
+        let e = env(&ompi).unwrap();
+        let (host, port) = root_candidates(&e.root).unwrap()[0].clone();
+        assert_eq!(
+            (host.as_str(), e.job.as_str()),
+            ("198.18.0.1", "1261830145")
+        );
+        assert!((29500..29500 + 2048).contains(&port), "{port}");
+        let mut v = ompi.to_vec();
+        v.push(("BRAID_ROOT", "a:1"));
+        assert_eq!(env(&v).unwrap().root, "a:1");
+        let srun = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_STEP_NODELIST", "node[07-08]"),
+        ];
+        let e = env(&srun).unwrap();
+        assert_eq!((e.root.as_str(), e.job.as_str()), ("node07:30116", "77.0"));
+        let mut v = srun.to_vec();
+        v.push(("BRAID_ROOT", "b:2"));
+        assert_eq!(env(&v).unwrap().root, "b:2");
+        // PMI implies none: the message says what to do.
+        let e = env(&[("PMI_RANK", "0"), ("PMI_SIZE", "2")]).unwrap_err();
+        assert!(
+            e.to_string().contains("launcher (pmi) names no rendezvous"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -60,13 +60,13 @@ pub enum BootError {
     },
     /// Rank 0 could not listen on the rendezvous address.
     #[error(
-        "rank 0 cannot listen on the rendezvous {addr}: {source} (another job on this port, or not an address of this host?)"
+        "rank 0 cannot listen on the rendezvous {addr}: {error} (another job on this port, or not an address of this host?)"
     )]
     RootListen {
         /// The address it tried.
         addr: String,
-        /// The operating system's error.
-        source: std::io::Error,
+        /// The operating system's error (in the message, so not a `source()`).
+        error: std::io::Error,
     },
     /// The rendezvous refused this process.
     #[error("the rendezvous at {root} refused rank {rank}: {kind}: {detail}")]
@@ -169,14 +169,14 @@ pub enum BootError {
         limit: usize,
     },
     /// Forming the braid endpoint to a peer failed.
-    #[error("cannot connect to rank {peer} over rails {rails}: {source}")]
+    #[error("cannot connect to rank {peer} over rails {rails}: {error}")]
     Connect {
         /// The peer's rank.
         peer: usize,
         /// The rails tried.
         rails: String,
-        /// braid's error.
-        source: braid::Error,
+        /// braid's error (in the message, so not a `source()`).
+        error: braid::Error,
     },
     /// Accepting or identifying the braid endpoints of peers failed.
     #[error("forming the mesh: {0}")]
@@ -186,5 +186,13 @@ pub enum BootError {
     Braid(#[from] braid::Error),
     /// An operating-system error.
     #[error("I/O error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+// The cause is in the message, so it is not also the `source()`: a chain printed with
+// `{:#}` would say it twice.
+impl From<std::io::Error> for BootError {
+    fn from(e: std::io::Error) -> Self {
+        BootError::Io(e)
+    }
 }

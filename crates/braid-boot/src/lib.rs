@@ -6,7 +6,8 @@
 //! * rank and size from Open MPI (`OMPI_COMM_WORLD_RANK/SIZE`), PMI (`PMI_RANK/SIZE`),
 //!   Slurm (`SLURM_PROCID/NTASKS`) or braid's own `BRAID_RANK/SIZE`;
 //! * the rendezvous `BRAID_ROOT=host:port`: rank 0 listens there, every rank connects and
-//!   publishes its rail addresses, rank 0 hands out the table;
+//!   publishes its rail addresses, rank 0 hands out the table. Under `mpirun` and `srun` it
+//!   defaults to one derived from the launcher's own environment ([`launcher`]);
 //! * the job's identity (`BRAID_JOB`, else the launcher's job id), so two jobs on one port
 //!   are told apart, and the cluster secret (`BRAID_SECRET`, `BRAID_SECRET_FILE`), which
 //!   authenticates the rendezvous as it does braid's rails.
@@ -39,6 +40,8 @@ mod auth;
 mod client;
 mod env;
 mod error;
+pub mod hostlist;
+pub mod launcher;
 mod port;
 mod root;
 pub mod wire;

@@ -469,10 +469,10 @@ impl World {
                 return Err(e);
             }
             let rails = &self.rails[peer];
-            let err = |source| BootError::Connect {
+            let err = |error| BootError::Connect {
                 peer,
                 rails: rails_text(rails),
-                source,
+                error,
             };
             if rails.is_empty() {
                 let why = if ctx.may_listen_beyond_loopback() {

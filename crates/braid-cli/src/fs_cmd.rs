@@ -32,7 +32,7 @@ pub struct ServeArgs {
     #[arg(long)]
     export: PathBuf,
     /// Addresses to listen on, IP[:PORT] (default port 18515), one per rail.
-    #[arg(long, value_parser = parse::parse_addrs)]
+    #[arg(long, value_name = "IP[:PORT],...", value_parser = parse::parse_addrs)]
     listen: std::vec::Vec<std::net::SocketAddrV4>,
     /// Refuse every change (EROFS) and register file pages read-only.
     #[arg(long)]
@@ -49,7 +49,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 4)]
     workers: usize,
     /// Microseconds an idle worker busy-polls before sleeping.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, value_name = "US", default_value_t = 20)]
     poll_spin_us: u64,
     /// Trust client root (NFS no_root_squash). By default a caller with uid 0 (group 0)
     /// acts as the anonymous user (group).
@@ -74,7 +74,7 @@ pub struct ServeArgs {
 #[derive(Args, Debug)]
 pub struct MountArgs {
     /// Rails: LOCAL=REMOTE[:PORT][,...], as for `braid bench`.
-    #[arg(long, value_parser = parse::parse_rails)]
+    #[arg(long, value_name = "LOCAL=REMOTE[:PORT],...", value_parser = parse::parse_rails)]
     rails: std::vec::Vec<RailSpec>,
     /// Seconds the kernel caches attributes.
     #[arg(long, default_value_t = 1.0)]
@@ -101,7 +101,7 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 8192)]
     readahead_kib: u32,
     /// Microseconds the completion thread busy-polls before sleeping.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, value_name = "US", default_value_t = 20)]
     poll_spin_us: u64,
     /// Microseconds a thread that sent a kernel request to the server polls for the reply
     /// (yielding the CPU between polls) before leaving it to the completion thread (0: never).
@@ -223,7 +223,15 @@ fn mount_cmd(a: &MountArgs) -> Result<()> {
     while !stop.load(Ordering::Acquire) && m.is_mounted() {
         std::thread::sleep(Duration::from_millis(100));
     }
-    eprintln!("braid fs: unmounting {}", a.mountpoint.display());
+    if m.is_mounted() {
+        eprintln!("braid fs: unmounting {}", a.mountpoint.display());
+    } else {
+        // `umount` or `fusermount3 -u` from outside: the normal end of a FUSE mount.
+        eprintln!(
+            "braid fs: {} was unmounted; exiting",
+            a.mountpoint.display()
+        );
+    }
     m.unmount().context("unmounting")?;
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `braid`: the command-line front end (testbed, baselines, demo, bench).
+//! `braid`: the command-line front end (run, fs, bench, baseline, demo, soak, testbed).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,9 +7,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use braid_bench::args::{RailRate, rail_rate};
 use braid_bench::baseline::{self, ClientOpts, Mode, ServerOpts};
 use braid_bench::{bench, demo};
-use braid_testbed::parse::{self, RailSpec, Rate, parse_rate_or_none};
+use braid_testbed::parse::{self, RailSpec, Rate};
 use braid_testbed::testbed::{Testbed, TestbedSpec};
 
 // perftest-style benchmarks (braid-bench's bench module). The demo runs, as subprocesses:
@@ -19,13 +20,43 @@ use braid_testbed::testbed::{Testbed, TestbedSpec};
 // server_cpu_s_per_gb (and more).
 mod fs_cmd;
 
-/// braid: RMA striped over several Ethernet NICs — testbed, baselines, benchmarks, demo.
+#[cfg(test)]
+mod cli_check;
+
+/// braid: RMA striped over several Ethernet NICs — launch jobs (run), a remote file
+/// service (fs), benchmarks and baselines, the demo, soaks, an emulated testbed.
 #[derive(Parser, Debug)]
-#[command(name = "braid", version, about)]
+#[command(name = "braid", version, about, after_help = CONVENTIONS)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
 }
+
+/// The flag vocabulary every subcommand shares, and the exit statuses (`braid --help`).
+const CONVENTIONS: &str = "\
+Flags mean the same in every subcommand:
+  --rail-count N                    how many rails (veth pairs of a testbed)
+  --rails LOCAL=REMOTE[:PORT],...   the rails to use, as pairs of addresses
+  --listen IP[:PORT],...            where a server listens, one address per rail
+  -n, --ranks N                     ranks of a job (braid run only)
+  --iters N                         iterations;  -D, --duration SECS  seconds of measurement
+  -s, --size BYTES                  K/M/G are powers of 1024;  -q, --depth N  operations in flight
+  --timeout SECS                    bound on the whole command (braid run, fs posix-suite)
+  --accept-timeout SECS             how long a server waits for a client
+  --peer-timeout SECS               silence after which a peer is declared gone
+  --poll-spin-us US                 busy-polling before a wait sleeps
+  --json FILE                       results as JSON (\"-\": stdout)
+  (fs mount's --attr-timeout, --entry-timeout, --negative-timeout are FUSE's cache lifetimes)
+
+Exit status:
+  0        success
+  1        an error (one line on stderr: `braid: error: ...`) or a failed check
+  2        bad usage
+  124      braid run: the job's --timeout expired
+  128+N    braid run: ended by signal N, or a rank was killed by it
+  other    braid run: the exit status of the first rank that failed
+
+Logs: RUST_LOG (default warn,fuser=error) to stderr; colour only when stderr is a terminal.";
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
@@ -59,13 +90,15 @@ enum Cmd {
     Soak(braid_bench::soak::SoakArgs),
     /// Launch N ranks of a program (like torchrun): on loopback, or spread over the hosts of
     /// a standing testbed, with BRAID_RANK/SIZE/ROOT/JOB set; output prefixed by `[rank] `.
+    /// Exit status: the first failing rank's, 124 on --timeout, 128+N on signal N.
     Run(RunArgs),
     /// What braid sees and would use on this host: interfaces and rail addresses, usable
     /// transports (with why one is not), every BRAID_* setting in effect, versions.
     Info {
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
+        /// Print one JSON object instead of text (to FILE if given; `--json FILE` as
+        /// everywhere, bare `--json` is stdout).
+        #[arg(long, value_name = "JSON", num_args = 0..=1, default_missing_value = "-")]
+        json: Option<PathBuf>,
     },
     /// Internal: the target process of `braid soak --kill-peer`.
     #[command(hide = true)]
@@ -75,14 +108,14 @@ enum Cmd {
 #[derive(Args, Debug)]
 struct RunArgs {
     /// Number of ranks.
-    #[arg(short = 'n', long = "np")]
+    #[arg(short = 'n', long = "ranks", value_name = "N", alias = "np")]
     ranks: usize,
     /// Spread the ranks over this standing testbed's hosts (rank i on host i % K, each
     /// inside its host's network namespace).
     #[arg(long)]
     testbed: Option<String>,
     /// End the job after this many seconds (exit status 124).
-    #[arg(long)]
+    #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
     /// Rendezvous port on rank 0's host (default: a free one).
     #[arg(long)]
@@ -90,8 +123,9 @@ struct RunArgs {
     /// Job id (default: run-<pid>-<random>).
     #[arg(long)]
     job: Option<String>,
-    /// BRAID_RAILS for every rank: IP[/PREFIX],... (default: each host's interfaces).
-    #[arg(long)]
+    /// BRAID_RAILS for every rank: its local rail addresses IP[/PREFIX],... (default: each
+    /// host's interfaces).
+    #[arg(long = "rail-ips", value_name = "IP[/PREFIX],...")]
     rails: Option<String>,
     /// Seconds between SIGTERM and SIGKILL when ending ranks.
     #[arg(long, default_value_t = 5.0)]
@@ -104,26 +138,18 @@ struct RunArgs {
 #[derive(Args, Debug, Clone)]
 struct ShapeArgs {
     /// Number of rails (veth pairs) per host pair.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long = "rail-count", value_name = "N", default_value_t = 4)]
     rails: usize,
     /// Rate of every rail (tc units: 1gbit, 250mbit, ...), or `none` for unshaped rails (no
     /// tbf: plain veth, as fast as the CPUs move packets, like a 10-100 GbE NIC).
     #[arg(long, default_value = "1gbit", value_parser = rail_rate)]
     rate: RailRate,
-    /// Per-rail rates, overriding --rails and --rate (e.g. 1gbit,1gbit,1gbit,250mbit).
+    /// Per-rail rates, overriding --rail-count and --rate (e.g. 1gbit,1gbit,1gbit,250mbit).
     #[arg(long, value_parser = parse::parse_rates)]
     rates: Option<std::vec::Vec<Rate>>,
     /// MTU of every rail.
     #[arg(long, default_value_t = 1500)]
     mtu: u32,
-}
-
-/// A rail's rate, or none (`--rate none`: no tbf).
-#[derive(Debug, Clone, Copy)]
-struct RailRate(Option<Rate>);
-
-fn rail_rate(s: &str) -> Result<RailRate> {
-    parse_rate_or_none(s).map(RailRate)
 }
 
 impl ShapeArgs {
@@ -196,7 +222,7 @@ enum Role {
     /// Serve client runs (by default exactly one) and exit.
     Server {
         /// Addresses to listen on, IP[:PORT] (default port 18515), one per rail.
-        #[arg(long, value_parser = parse::parse_addrs)]
+        #[arg(long, value_name = "IP[:PORT],...", value_parser = parse::parse_addrs)]
         listen: std::vec::Vec<std::net::SocketAddrV4>,
         /// Serve exactly one client run and exit (the default).
         #[arg(long, conflicts_with = "runs")]
@@ -205,7 +231,7 @@ enum Role {
         #[arg(long, default_value_t = 1)]
         runs: usize,
         /// Seconds to wait for a client.
-        #[arg(long, default_value_t = 30.0)]
+        #[arg(long, value_name = "SECS", default_value_t = 30.0)]
         accept_timeout: f64,
         /// Write the server report(s) as JSON to FILE ("-" for stdout).
         #[arg(long)]
@@ -214,7 +240,7 @@ enum Role {
     /// Connect, send for -D seconds, print the result.
     Client {
         /// Rails: LOCAL=REMOTE[:PORT][,...]; several rails = parallel streams / trunking.
-        #[arg(long, value_parser = parse::parse_rails)]
+        #[arg(long, value_name = "LOCAL=REMOTE[:PORT],...", value_parser = parse::parse_rails)]
         rails: std::vec::Vec<RailSpec>,
         /// Message size (bytes; K/M/G suffixes are powers of 1024).
         #[arg(short = 's', long, default_value = "4M", value_parser = parse::parse_size)]
@@ -223,7 +249,7 @@ enum Role {
         #[arg(short = 'D', long, default_value_t = 3.0)]
         duration: f64,
         /// Stop after this many messages.
-        #[arg(short = 'n', long)]
+        #[arg(long, value_name = "N")]
         iters: Option<u64>,
         /// Trunking fragment size.
         #[arg(long, default_value = "64K", value_parser = parse::parse_size)]
@@ -412,18 +438,13 @@ fn testbed_cmd(cmd: TestbedCmd) -> Result<()> {
 
 fn main() {
     if let Err(e) = real_main() {
-        eprintln!("braid: error: {e:#}");
+        eprintln!("braid: error: {}", braid_cli::diag::error_line(&e));
         std::process::exit(1);
     }
 }
 
 fn real_main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    braid_cli::diag::init_logging();
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Testbed { cmd } => testbed_cmd(cmd),
@@ -465,8 +486,14 @@ fn real_main() -> Result<()> {
         Cmd::SoakPeer(a) => braid_bench::soak::peer_main(&a),
         Cmd::Info { json } => {
             let info = braid_cli::info::gather()?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&info)?);
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&info)?;
+                if path.as_os_str() == "-" {
+                    println!("{text}");
+                } else {
+                    std::fs::write(&path, text + "\n")
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
             } else {
                 print!("{}", braid_cli::info::render(&info));
             }

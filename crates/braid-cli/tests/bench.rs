@@ -51,7 +51,7 @@ fn bench(rails: usize, args: &[&str]) -> Run {
         .map(|i| format!("127.0.0.{i}=127.0.0.{i}:{p}"))
         .collect();
     let mut server = Command::new(EXE)
-        .args(["bench", "server", "--timeout", "30", "--listen"])
+        .args(["bench", "server", "--accept-timeout", "30", "--listen"])
         .arg(listen.join(","))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -147,7 +147,7 @@ fn check_bw_row(r: &serde_json::Value, size: u64) {
 
 #[test]
 fn write_verify_one_rail() {
-    let run = bench(1, &["write", "-s", "64K", "-n", "200", "--verify"]);
+    let run = bench(1, &["write", "-s", "64K", "--iters", "200", "--verify"]);
     let rs = results(&run);
     assert_eq!(rs.len(), 1);
     check_bw_row(&rs[0], 65536);
@@ -161,7 +161,9 @@ fn write_verify_one_rail() {
 fn write_verify_four_rails_odd_size() {
     let run = bench(
         4,
-        &["write", "-s", "1000003", "-n", "40", "-q", "4", "--verify"],
+        &[
+            "write", "-s", "1000003", "--iters", "40", "-q", "4", "--verify",
+        ],
     );
     let rs = results(&run);
     check_bw_row(&rs[0], 1_000_003);
@@ -185,7 +187,7 @@ fn write_one_slot_verified() {
     let run = bench(
         2,
         &[
-            "write", "-s", "256K", "-n", "100", "--slots", "1", "--verify",
+            "write", "-s", "256K", "--iters", "100", "--slots", "1", "--verify",
         ],
     );
     let rs = results(&run);
@@ -196,7 +198,7 @@ fn write_one_slot_verified() {
 
 #[test]
 fn read_verify() {
-    let run = bench(2, &["read", "-s", "256K", "-n", "100", "--verify"]);
+    let run = bench(2, &["read", "-s", "256K", "--iters", "100", "--verify"]);
     let rs = results(&run);
     check_bw_row(&rs[0], 262_144);
     assert_eq!(rs[0]["verified"].as_bool(), Some(true), "{}", rs[0]);
@@ -204,7 +206,7 @@ fn read_verify() {
 
 #[test]
 fn send_verify() {
-    let run = bench(2, &["send", "-s", "10000", "-n", "300", "--verify"]);
+    let run = bench(2, &["send", "-s", "10000", "--iters", "300", "--verify"]);
     let rs = results(&run);
     check_bw_row(&rs[0], 10_000);
     assert_eq!(rs[0]["verified"].as_bool(), Some(true), "{}", rs[0]);
@@ -212,7 +214,7 @@ fn send_verify() {
 
 #[test]
 fn fetch_add_counts_exactly() {
-    let run = bench(1, &["fetch-add", "-n", "500", "-q", "8"]);
+    let run = bench(1, &["fetch-add", "--iters", "500", "-q", "8"]);
     let rs = results(&run);
     assert_eq!(rs[0]["iterations"].as_u64(), Some(500));
     assert!(f(&rs[0], "msg_rate") > 0.0);
@@ -228,7 +230,7 @@ fn write_lat_with_baseline() {
             "write-lat",
             "-s",
             "8",
-            "-n",
+            "--iters",
             "200",
             "--verify",
             "--baseline",
@@ -272,7 +274,7 @@ fn read_lat_verify_with_baseline() {
             "read-lat",
             "-s",
             "300",
-            "-n",
+            "--iters",
             "150",
             "--verify",
             "--baseline",
@@ -300,7 +302,7 @@ fn read_lat_verify_with_baseline() {
 
 #[test]
 fn atomic_lat_returns_every_value_in_order() {
-    let run = bench(1, &["atomic-lat", "-n", "200", "--poll-only"]);
+    let run = bench(1, &["atomic-lat", "--iters", "200", "--poll-only"]);
     let r = &results(&run)[0];
     assert_eq!(r["op"].as_str(), Some("atomic-lat"), "{r}");
     assert_eq!(r["size"].as_u64(), Some(8), "{r}");
@@ -321,7 +323,7 @@ fn send_lat_verify() {
             "send-lat",
             "-s",
             "5000",
-            "-n",
+            "--iters",
             "100",
             "--verify",
             "--poll-only",
@@ -337,7 +339,7 @@ fn send_lat_verify() {
 fn all_sizes_send_then_write_baseline() {
     // -a runs 23 sizes over one endpoint: exercises the per-test setup, leftover receives
     // and pads between tests.
-    let run = bench(2, &["send", "-a", "-n", "4", "-q", "2", "--verify"]);
+    let run = bench(2, &["send", "-a", "--iters", "4", "-q", "2", "--verify"]);
     let rs = results(&run);
     let sizes: Vec<u64> = rs.iter().map(|r| r["size"].as_u64().unwrap()).collect();
     assert_eq!(sizes, (1..=23).map(|k| 1u64 << k).collect::<Vec<_>>());
@@ -345,7 +347,7 @@ fn all_sizes_send_then_write_baseline() {
         check_bw_row(r, r["size"].as_u64().unwrap());
         assert_eq!(r["verified"].as_bool(), Some(true), "{r}");
     }
-    let run = bench(1, &["write", "-s", "1M", "-n", "20", "--baseline"]);
+    let run = bench(1, &["write", "-s", "1M", "--iters", "20", "--baseline"]);
     let r = &results(&run)[0];
     assert!(f(r, "tcp_bw_mb_s") > 0.0, "{r}");
     assert!(f(r, "ratio") > 0.0, "{r}");
@@ -371,7 +373,7 @@ fn demo_argv_and_json_contract() {
 fn server_without_client_times_out() {
     let p = port();
     let mut server = Command::new(EXE)
-        .args(["bench", "server", "--timeout", "1", "--listen"])
+        .args(["bench", "server", "--accept-timeout", "1", "--listen"])
         .arg(format!("127.0.0.1:{p}"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -394,7 +396,7 @@ fn server_without_client_times_out() {
 fn client_errors_when_server_vanishes() {
     let p = port();
     let mut server = Command::new(EXE)
-        .args(["bench", "server", "--timeout", "30", "--listen"])
+        .args(["bench", "server", "--accept-timeout", "30", "--listen"])
         .arg(format!("127.0.0.1:{p}"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -409,7 +411,7 @@ fn client_errors_when_server_vanishes() {
             "64K",
             "-D",
             "30",
-            "--op-timeout",
+            "--peer-timeout",
             "5",
             "--rails",
         ])

@@ -400,27 +400,46 @@ fn braid_run_across_testbed_hosts_uses_every_rail() {
     assert!(o.stdout.contains("token 10 ok"), "{}", o.stdout);
 }
 
+/// True if `mpirun` can be started (skips, saying so, when not).
+fn have_mpirun() -> bool {
+    let ok = Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !ok {
+        eprintln!("SKIPPED: mpirun is not installed (apt-get install openmpi-bin)");
+    }
+    ok
+}
+
+/// `cmd` with no `BRAID_*` variable, whatever the test's own environment holds.
+fn without_braid_vars(cmd: &mut Command) -> &mut Command {
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("BRAID_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// `mpirun -n 4 --host h0:2,h1:2 ring` across two testbed hosts, as a user types it on a
+/// cluster: no `BRAID_ROOT` (only the job's secret); the rendezvous comes from Open MPI's
+/// environment.
 #[test]
 fn mpirun_across_testbed_hosts() {
     if skip_reason().is_some() {
         return;
     }
     let Some(ring) = ring() else { return };
-    if Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_err()
-    {
-        eprintln!("SKIPPED: mpirun is not installed (apt-get install openmpi-bin)");
+    if !have_mpirun() {
         return;
     }
     let tb = make_testbed("m", 2);
     let agent = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/netns-rsh");
-    let root = format!("{}:29500", tb.rail_addrs(0, 1)[0].0);
     let o = run_bounded(
-        Command::new("nsenter")
+        without_braid_vars(&mut Command::new("nsenter"))
             .arg(format!("--net=/run/netns/{}", tb.host_ns(0)))
             .args([
                 "mpirun",
@@ -438,21 +457,89 @@ fn mpirun_across_testbed_hosts() {
             ])
             .arg(&agent)
             .arg("--host")
-            .arg(format!("{}:1,{}:1", tb.host_ns(0), tb.host_ns(1)))
-            .args(["-n", "2", "-x"])
-            .arg(format!("BRAID_ROOT={root}"))
-            // The one line docs/LAUNCH.md shows: the job's secret, to every rank.
+            .arg(format!("{}:2,{}:2", tb.host_ns(0), tb.host_ns(1)))
+            .args(["-n", "4"])
+            // The job's secret, to every rank (a job across hosts needs one); no BRAID_ROOT.
             .args(["-x", "BRAID_SECRET=mpirun-test-secret-0123456789abcdef"])
             .arg(&ring),
-        Duration::from_secs(90),
+        Duration::from_secs(120),
     );
     assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
-    let r0 = rails_of(&o.stdout, "ring: rank 0/2");
-    let r1 = rails_of(&o.stdout, "ring: rank 1/2");
-    assert_eq!((r0.len(), r1.len()), (2, 2), "{}", o.stdout);
-    // Each rank used its own host's addresses: rank 1 ran in host 1.
+    // By-slot mapping: ranks 0 and 1 on host 0, 2 and 3 on host 1. Each rank used its own
+    // host's addresses, and pairs across the hosts got both rails.
+    // (Each rank prints its rails to the next: 1 on host 0 to 2, 3 on host 1 to 0.)
+    let r1 = rails_of(&o.stdout, "ring: rank 1/4");
+    let r3 = rails_of(&o.stdout, "ring: rank 3/4");
+    assert_eq!((r1.len(), r3.len()), (2, 2), "{}", o.stdout);
     let (a, b) = tb.rail_addrs(0, 1)[1];
-    assert!(r0[1].starts_with(&format!("{a}={b}:")), "{r0:?}");
-    assert!(r1[1].starts_with(&format!("{b}={a}:")), "{r1:?}");
+    assert!(r1[1].starts_with(&format!("{a}={b}:")), "{r1:?}");
+    assert!(r3[1].starts_with(&format!("{b}={a}:")), "{r3:?}");
+    assert!(o.stdout.contains("token 10 ok"), "{}", o.stdout);
+    drop(tb);
+}
+
+/// Four ranks on two testbed hosts started by hand with the variables `srun -N 2 -n 4`
+/// sets (Slurm's task ids, job and step ids, the compact node list), and host names that
+/// resolve through a private `/etc/hosts` as a cluster's DNS would: no `BRAID_ROOT` (only
+/// the job's secret).
+#[test]
+fn slurm_environment_across_testbed_hosts() {
+    if skip_reason().is_some() {
+        return;
+    }
+    let Some(ring) = ring() else { return };
+    let tb = make_testbed("s", 2);
+    let dir = temp_dir("slurm");
+    let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
+    let (a, b) = tb.rail_addrs(0, 1)[0];
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, format!("127.0.0.1 localhost\n{a} {h0}\n{b} {h1}\n")).unwrap();
+    // The node list as Slurm compresses it: `NAME-h[0-1]`.
+    let nodelist = format!("{}[0-1]", h0.strip_suffix('0').unwrap());
+    let job = (std::process::id() % 100_000).to_string();
+    let ranks: Vec<_> = (0..4usize)
+        .map(|rank| {
+            let node = rank / 2;
+            let mut cmd = Command::new("nsenter");
+            without_braid_vars(&mut cmd)
+                .arg(format!("--net=/run/netns/{}", tb.host_ns(node)))
+                // A private mount namespace, so the bind mount of /etc/hosts is the rank's.
+                .args(["unshare", "--mount", "sh", "-c"])
+                .arg(format!(
+                    "mount --bind {} /etc/hosts && exec \"$0\"",
+                    hosts.display()
+                ))
+                .arg(&ring)
+                .env("SLURM_PROCID", rank.to_string())
+                .env("SLURM_NTASKS", "4")
+                .env("SLURM_NPROCS", "4")
+                .env("SLURM_NNODES", "2")
+                .env("SLURM_NODEID", node.to_string())
+                .env("SLURM_LOCALID", (rank % 2).to_string())
+                .env("SLURM_JOB_ID", &job)
+                .env("SLURM_JOBID", &job)
+                .env("SLURM_STEP_ID", "0")
+                .env("SLURM_STEPID", "0")
+                .env("SLURM_JOB_NODELIST", &nodelist)
+                .env("SLURM_NODELIST", &nodelist)
+                .env("SLURM_STEP_NODELIST", &nodelist)
+                .env("SLURM_STEP_NUM_NODES", "2")
+                .env("SLURM_STEP_NUM_TASKS", "4")
+                .env("SLURM_TASKS_PER_NODE", "2(x2)")
+                .env("SLURMD_NODENAME", tb.host_ns(node))
+                .env("BRAID_SECRET", format!("slurm-test-secret-{job}"));
+            std::thread::spawn(move || run_bounded(&mut cmd, Duration::from_secs(90)))
+        })
+        .collect();
+    let outs: Vec<Output> = ranks.into_iter().map(|t| t.join().unwrap()).collect();
+    for (r, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank {r}: {}\n{}", o.stdout, o.stderr);
+    }
+    let r1 = rails_of(&outs[1].stdout, "ring: rank 1/4");
+    let r3 = rails_of(&outs[3].stdout, "ring: rank 3/4");
+    assert_eq!((r1.len(), r3.len()), (2, 2), "{}", outs[1].stdout);
+    assert!(r3[0].starts_with(&format!("{b}={a}:")), "{r3:?}");
+    assert!(outs[0].stdout.contains("token 10 ok"), "{}", outs[0].stdout);
+    let _ = std::fs::remove_dir_all(&dir);
     drop(tb);
 }

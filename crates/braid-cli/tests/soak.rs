@@ -182,6 +182,14 @@ fn soak_on_the_testbed_survives_a_link_flap() {
     assert_passed(&r);
     assert_eq!(r.json["network"], "netns");
     assert_soak_figures(&r.json);
+    // Progress every 5 s: at 5 (rail 0 down from 4 to 7) and at 10 s.
+    let progress: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("braid soak: ") && l.contains(" of 16 s, "))
+        .collect();
+    assert!(progress.len() >= 2, "{}", r.stderr);
+    assert!(progress[0].contains("MB sent"), "{}", progress[0]);
 }
 
 #[test]

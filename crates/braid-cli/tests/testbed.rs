@@ -183,7 +183,7 @@ fn testbed_rails_transfer_link_down_and_teardown() {
             "198.18.0.1=198.18.0.2:18700",
             "-s",
             "1M",
-            "-n",
+            "--iters",
             "4",
             "-D",
             "10",

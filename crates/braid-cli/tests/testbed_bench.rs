@@ -81,7 +81,7 @@ fn verified_four_rail_write_between_namespaces() {
 
     let mut server = Reaped(Some(
         tb.command(1, EXE)
-            .args(["bench", "server", "--timeout", "30", "--listen"])
+            .args(["bench", "server", "--accept-timeout", "30", "--listen"])
             .arg(listen.join(","))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -96,7 +96,7 @@ fn verified_four_rail_write_between_namespaces() {
             tb.command(0, EXE)
                 .args(["bench", "write", "--verify", "-s"])
                 .arg(SIZE.to_string())
-                .arg("-n")
+                .arg("--iters")
                 .arg(ITERS.to_string())
                 .arg("--rails")
                 .arg(rails.join(","))

@@ -96,7 +96,7 @@ fn file_read_striped_over_four_rails_between_namespaces() {
 
     let mut server = Reaped(Some(
         tb.command(1, EXE)
-            .args(["bench", "server", "--timeout", "30", "--listen"])
+            .args(["bench", "server", "--accept-timeout", "30", "--listen"])
             .arg(listen.join(","))
             .arg("--file")
             .arg(&file.0)
@@ -112,7 +112,7 @@ fn file_read_striped_over_four_rails_between_namespaces() {
             tb.command(0, EXE)
                 .args(["bench", "read", "--verify", "-s"])
                 .arg(SIZE.to_string())
-                .arg("-n")
+                .arg("--iters")
                 .arg(ITERS.to_string())
                 .arg("--rails")
                 .arg(rails.join(","))

@@ -12,7 +12,7 @@ use crate::wire::{HandshakeError, HandshakeStatus};
 pub enum Error {
     /// An operating-system error.
     #[error("I/O error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// An argument is not acceptable; the text says which and why.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -106,6 +106,14 @@ pub enum Error {
     /// The context's progress engine has stopped.
     #[error("the progress engine has stopped")]
     EngineStopped,
+}
+
+// The cause is in the message, so it is not also the `source()`: a chain printed with
+// `{:#}` would say it twice.
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
 }
 
 /// Outcome of a posted operation, in the vocabulary of verbs work completions.

@@ -37,7 +37,7 @@
 //!
 //! # Measured (release build, 2-core VM, BBR, `braid baseline tcp` through this testbed)
 //!
-//! Testbed `braid testbed up --name bm --rails 4` (4 × 1gbit, MTU 1500), server
+//! Testbed `braid testbed up --name bm --rail-count 4` (4 × 1gbit, MTU 1500), server
 //! `ip netns exec bm-h1 braid baseline MODE server --listen 198.18.0.2[,198.18.1.2,...]`,
 //! client `ip netns exec bm-h0 braid baseline MODE client --rails 198.18.0.1=198.18.0.2[,...] -s 4M -D SECS`:
 //!

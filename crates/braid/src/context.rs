@@ -411,7 +411,7 @@ impl Context {
         let defaults = braid_proto::SessionConfig::default();
         if all_same_host && cfg.chunk_size == defaults.chunk_size {
             // A referenced chunk is one memcpy by the receiver: large ones copy faster
-            // (16 MiB writes at depth 1, `braid bench write -s 16M -q 1 --spin-us 1000000
+            // (16 MiB writes at depth 1, `braid bench write -s 16M -q 1 --poll-spin-us 1000000
             // --chunk C`, three pairs: 1 MiB chunks 7.1-12.3 GB/s, 16 MiB 11.8-13.7).
             cfg.chunk_size = SAME_HOST_CHUNK;
         }

@@ -109,7 +109,7 @@ pub enum BenchCmd {
 #[derive(Args, Debug, Clone)]
 pub struct ServerArgs {
     /// Addresses to listen on, `IP[:PORT]` (default port 18515), one per rail.
-    #[arg(long, value_parser = parse::parse_addrs)]
+    #[arg(long, value_name = "IP[:PORT],...", value_parser = parse::parse_addrs)]
     pub listen: std::vec::Vec<SocketAddrV4>,
     /// Serve exactly one client run and exit (the default).
     #[arg(long, conflicts_with = "forever")]
@@ -118,7 +118,7 @@ pub struct ServerArgs {
     #[arg(long)]
     pub forever: bool,
     /// Seconds to wait for a client (and for its next message); exit with an error after.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long = "accept-timeout", value_name = "SECS", default_value_t = 60.0)]
     pub timeout: f64,
     /// Chunk size of the server's endpoint (read responses are cut in chunks of this size).
     #[arg(long, value_parser = parse::parse_size)]
@@ -127,7 +127,7 @@ pub struct ServerArgs {
     #[command(flatten)]
     pub window: WindowArgs,
     /// Busy-poll this long (µs) in completion-queue waits before sleeping.
-    #[arg(long)]
+    #[arg(long = "poll-spin-us", value_name = "US", alias = "spin-us")]
     pub spin_us: Option<u64>,
     /// Serve read and write tests from the pages of this file (registered with
     /// `Context::register_file`, read-write when the file allows it) instead of memory:
@@ -142,7 +142,7 @@ pub struct ServerArgs {
 #[derive(Args, Debug, Clone)]
 pub struct ClientArgs {
     /// Rails: LOCAL=REMOTE:PORT[,LOCAL=REMOTE:PORT...], one per NIC.
-    #[arg(long, value_parser = parse::parse_rails)]
+    #[arg(long, value_name = "LOCAL=REMOTE[:PORT],...", value_parser = parse::parse_rails)]
     pub rails: std::vec::Vec<RailSpec>,
     /// Message size in bytes (K/M/G suffixes are powers of 1024). Default 65536 for
     /// bandwidth tests, 2 for latency tests, 8 for fetch-add.
@@ -152,9 +152,9 @@ pub struct ClientArgs {
     #[arg(short = 'a', long = "all", conflicts_with = "size")]
     pub all: bool,
     /// Iterations per size (default 5000 for bandwidth, 1000 for latency, unless -D is given).
-    #[arg(short = 'n', long = "iters")]
+    #[arg(long = "iters", value_name = "N")]
     pub iters: Option<u64>,
-    /// Seconds per size: run until D seconds or -n iterations, whichever comes first.
+    /// Seconds per size: run until D seconds or --iters iterations, whichever comes first.
     #[arg(short = 'D', long = "duration")]
     pub duration: Option<f64>,
     /// Operations in flight (bandwidth tests). Default: enough for 16 MiB in flight, 16 to
@@ -183,7 +183,7 @@ pub struct ClientArgs {
     #[arg(long)]
     pub baseline: bool,
     /// With --baseline on bandwidth tests: alternate braid and TCP this many times (each
-    /// gets -D/ROUNDS and -n/ROUNDS per round), so load changes on a shared machine hit both.
+    /// gets -D/ROUNDS and --iters/ROUNDS per round), so load changes on a shared machine hit both.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
     /// Chunk size of the endpoint (SessionConfig.chunk_size).
@@ -193,13 +193,18 @@ pub struct ClientArgs {
     #[command(flatten)]
     pub window: WindowArgs,
     /// Busy-poll this long (µs) in completion-queue waits before sleeping (both sides).
-    #[arg(long)]
+    #[arg(long = "poll-spin-us", value_name = "US", alias = "spin-us")]
     pub spin_us: Option<u64>,
     /// Latency tests: skip the blocking-wait variant (measure busy polling only).
     #[arg(long)]
     pub poll_only: bool,
     /// Seconds without any completion after which the server is declared gone.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(
+        long = "peer-timeout",
+        value_name = "SECS",
+        alias = "op-timeout",
+        default_value_t = 10.0
+    )]
     pub op_timeout: f64,
     /// Read and write tests: post every operation as a vectored one (`write_v`/`read_v`)
     /// of this many pieces on both sides (the message size split evenly; the pieces of an

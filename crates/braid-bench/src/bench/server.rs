@@ -24,7 +24,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
     if args.listen.is_empty() {
         bail!("--listen needs at least one address");
     }
-    let timeout = secs(args.timeout, "--timeout")?;
+    let timeout = secs(args.timeout, "--accept-timeout")?;
     let ctx = Context::new()?;
     let addrs: Vec<SocketAddr> = args.listen.iter().map(|a| SocketAddr::V4(*a)).collect();
     let listener = ctx.listen(&addrs).with_context(|| {

@@ -38,7 +38,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use braid_testbed::parse::{self, Rate};
+use braid_testbed::parse;
 use braid_testbed::testbed::{self, Testbed, TestbedSpec};
 use mounts::TempDir;
 use procs::Side;
@@ -48,7 +48,7 @@ use workload::Measured;
 /// Which networks to run on.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NetKind {
-    /// `--rails` rails shaped to `--rate` by tbf.
+    /// `--rail-count` rails shaped to `--rate` by tbf.
     Shaped,
     /// The same rails without tbf (CPU-bound).
     Unshaped,
@@ -107,7 +107,7 @@ pub enum CacheDrop {
 #[derive(Args, Debug, Clone)]
 pub struct FsBenchArgs {
     /// Size of the sequentially read and written file (K/M/G are powers of 1024).
-    #[arg(long, default_value = "1G", value_parser = parse::parse_size)]
+    #[arg(short = 's', long, default_value = "1G", value_parser = parse::parse_size)]
     pub size: usize,
     /// Networks to run on.
     #[arg(
@@ -118,13 +118,18 @@ pub struct FsBenchArgs {
     )]
     pub nets: Vec<NetKind>,
     /// Rails of the testbed.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long = "rail-count", value_name = "N", default_value_t = 4)]
     pub rails: usize,
-    /// Rate of every shaped rail.
-    #[arg(long, default_value = "1gbit", value_parser = parse::parse_rate)]
-    pub rate: Rate,
-    /// Rail counts braid runs with (each at most --rails).
-    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    /// Rate of every shaped rail (tc units; unshaped rails are `--nets unshaped`).
+    #[arg(long, default_value = "1gbit", value_parser = crate::args::rail_rate)]
+    pub rate: crate::args::RailRate,
+    /// Rail counts braid runs with (each at most --rail-count).
+    #[arg(
+        long = "rail-counts",
+        value_name = "N,N",
+        value_delimiter = ',',
+        default_value = "1,4"
+    )]
     pub braid_rails: Vec<usize>,
     /// Systems to measure.
     #[arg(
@@ -233,10 +238,10 @@ fn validate(a: &FsBenchArgs) -> Result<()> {
         bail!("--size must be 1 MiB .. 64 GiB");
     }
     if a.rails == 0 || a.rails > 16 {
-        bail!("--rails must be 1..16");
+        bail!("--rail-count must be 1..16");
     }
     if a.braid_rails.iter().any(|&r| r == 0 || r > a.rails) {
-        bail!("--braid-rails must each be 1..--rails ({})", a.rails);
+        bail!("--rail-counts must each be 1..--rail-count ({})", a.rails);
     }
     if a.rounds == 0 || a.rounds > 100 {
         bail!("--rounds must be 1..100");
@@ -292,12 +297,13 @@ pub fn run(args: &FsBenchArgs) -> Result<Report> {
         limit: Duration::from_secs_f64((size as f64 / 5e6).max(120.0)),
     };
     let mut results = Vec::new();
-    let shaped_name = format!("{}x{}", args.rails, args.rate);
+    let rate = args.rate.shaped("unshaped rails are --nets unshaped")?;
+    let shaped_name = format!("{}x{}", args.rails, rate);
     for &net in &args.nets {
         let (name, spec) = match net {
             NetKind::Shaped => (
                 shaped_name.clone(),
-                TestbedSpec::new(format!("fsb{}s", std::process::id()), args.rails, args.rate),
+                TestbedSpec::new(format!("fsb{}s", std::process::id()), args.rails, rate),
             ),
             NetKind::Unshaped => (
                 "unshaped".to_string(),
@@ -309,7 +315,7 @@ pub fn run(args: &FsBenchArgs) -> Result<Report> {
         drop(tb);
     }
     rows::fill_ratios(&mut results);
-    let framing = testbed::framing_limit_mb_s(args.rate, 1500) * args.rails as f64;
+    let framing = testbed::framing_limit_mb_s(rate, 1500) * args.rails as f64;
     let goals = rows::goals(&results, &shaped_name, args.rails, framing);
     let report = Report {
         results,

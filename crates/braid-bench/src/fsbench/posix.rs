@@ -509,13 +509,18 @@ pub struct PosixArgs {
     #[arg(long, default_value = "docs/FS.md")]
     pub known: PathBuf,
     /// Rails of the (unshaped) testbed.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long = "rail-count", value_name = "N", default_value_t = 2)]
     pub rails: usize,
     /// Parent of the run's temp dir (on a real disk).
     #[arg(long, default_value = "/var/tmp")]
     pub dir: PathBuf,
     /// Seconds one pjdfstest run may take.
-    #[arg(long, default_value_t = 900.0)]
+    #[arg(
+        long = "timeout",
+        value_name = "SECS",
+        alias = "limit",
+        default_value_t = 900.0
+    )]
     pub limit: f64,
     /// Write the verdict as JSON to FILE ("-" for stdout).
     #[arg(long)]
@@ -544,10 +549,10 @@ pub fn run(args: &PosixArgs) -> Result<Verdict> {
         })?,
     };
     if !(args.limit > 0.0 && args.limit <= 3600.0) {
-        bail!("--limit must be in (0, 3600] seconds");
+        bail!("--timeout must be in (0, 3600] seconds");
     }
     if args.rails == 0 || args.rails > 16 {
-        bail!("--rails must be 1..16");
+        bail!("--rail-count must be 1..16");
     }
     let known = match std::fs::read_to_string(&args.known) {
         Ok(md) => parse_known(&md),

@@ -124,7 +124,11 @@ pub fn kill_peer(a: &SoakArgs) -> Result<KillReport> {
     let kill_after = secs(a.fail_after, "--kill-after")?;
     let op = a.op_size.clamp(4096, 16 << 20);
     let depth = a.depth.clamp(1, 64);
-    let net = Net::new(a.rails, a.rate, a.loopback)?;
+    let net = Net::new(
+        a.rails,
+        a.rate.shaped("use --loopback for unshaped rails")?,
+        a.loopback,
+    )?;
     let exe = std::env::current_exe().context("locating the braid executable")?;
     let addrs: Vec<String> = net.server_addrs().iter().map(|a| a.to_string()).collect();
     let region = 16 * op;

@@ -6,7 +6,7 @@
 //!
 //! * **soak** (default): `--threads` threads post a random mix of `write`, `read`,
 //!   `write_with_imm`, `send`, `fetch_add`, `compare_swap` and scatter/gather writes and reads
-//!   over `--endpoints` endpoints of `--rails` rails each, for `--duration` seconds, while one
+//!   over `--endpoints` endpoints of `--rail-count` rails each, for `--duration` seconds, while one
 //!   rail's link is taken down (`--flap-at`, for `--flap-for` seconds) and brought back up.
 //!   Every byte is checked against a model of each target region (reads at completion, a
 //!   read-back over braid at the end, and the server's memory directly), atomics are counted
@@ -37,7 +37,7 @@ use braid::RegionOptions;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
-use braid_testbed::parse::{self, Rate};
+use braid_testbed::parse;
 
 /// Size of each server receive buffer; sends are at most this long.
 const RECV_LEN: usize = 64 << 10;
@@ -70,11 +70,11 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 2)]
     pub endpoints: usize,
     /// Rails per endpoint (veth pairs of the testbed).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long = "rail-count", value_name = "N", default_value_t = 4)]
     pub rails: usize,
-    /// Shaped rate of every rail.
-    #[arg(long, default_value = "1gbit", value_parser = parse::parse_rate)]
-    pub rate: Rate,
+    /// Shaped rate of every rail (tc units: 1gbit, 250mbit, ...).
+    #[arg(long, default_value = "1gbit", value_parser = crate::args::rail_rate)]
+    pub rate: crate::args::RailRate,
     /// Seconds into the run at which the flapped rail's link goes down (default: a quarter
     /// of the duration).
     #[arg(long)]
@@ -101,7 +101,7 @@ pub struct SoakArgs {
     #[arg(short = 'q', long, default_value_t = 8)]
     pub depth: usize,
     /// SessionConfig::peer_timeout of every endpoint, seconds.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
     pub peer_timeout: f64,
     /// Fail when the peak RSS exceeds this many MiB (default: twice the planned memory
     /// plus 256 MiB).

@@ -43,7 +43,7 @@ impl Net {
     /// (saying so) where namespaces are unavailable.
     pub fn new(rails: usize, rate: Rate, loopback: bool) -> Result<Net> {
         if rails == 0 || rails > 16 {
-            bail!("--rails must be 1..16");
+            bail!("--rail-count must be 1..16");
         }
         if loopback {
             eprintln!(

@@ -14,6 +14,9 @@ use super::net::{Net, connect_pair, contexts, join, session_config};
 use super::target::{RecvState, serve_receives};
 use super::util::{Rng, first_diff, max_rss_kib, rss_kib, secs};
 use super::worker::{KINDS, Worker, WorkerReport};
+
+/// How often a soak prints a progress line on stderr.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 use super::{RECV_LEN, RECVS_PER_EP, SG_GAP, SoakArgs};
 
 // ------------------------------------------------------------------ soak: the run
@@ -237,7 +240,11 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
         + t * (2 * a.depth * slot_len + a.depth * a.max_size + a.max_size);
     let rss_bound_mb = a.max_rss_mb.unwrap_or(((2 * planned) >> 20) as u64 + 256);
 
-    let net = Net::new(a.rails, a.rate, a.loopback)?;
+    let net = Net::new(
+        a.rails,
+        a.rate.shaped("use --loopback for unshaped rails")?,
+        a.loopback,
+    )?;
     let cfg = session_config(peer_timeout);
     // Server queues: receives only. Client: one send queue shared by every endpoint.
     let sctx_cq_cap = n * RECVS_PER_EP + 16;
@@ -375,8 +382,29 @@ pub fn soak(a: &SoakArgs) -> Result<SoakSummary> {
     let set_link = |up: bool| -> Result<()> { net.set_link(flap_rail, up, &pair.ceps) };
     let rss_mb = || rss_kib() as f64 / 1024.0;
     summary.rss_start_mid_end_mb.push(rss_mb());
+    let mut next_progress = t_ops + PROGRESS_EVERY;
     while workers.iter().any(|w| !w.is_finished()) {
         let now = Instant::now();
+        if now >= next_progress {
+            next_progress += PROGRESS_EVERY;
+            let sent: u64 = pair
+                .ceps
+                .iter()
+                .map(|e| e.rail_bytes_sent().iter().sum::<u64>())
+                .sum();
+            eprintln!(
+                "braid soak: {:.0} of {:.0} s, {:.0} MB sent, {} failure(s) injected{}",
+                now.duration_since(t_ops).as_secs_f64(),
+                duration.as_secs_f64(),
+                sent as f64 / 1e6,
+                summary.failures_injected,
+                if down {
+                    format!(", rail {flap_rail} down")
+                } else {
+                    String::new()
+                }
+            );
+        }
         if summary.rss_start_mid_end_mb.len() == 1 && now >= t_ops + duration / 2 {
             summary.rss_start_mid_end_mb.push(rss_mb());
         }

@@ -115,7 +115,11 @@ pub fn failover_transfer(a: &SoakArgs) -> Result<TransferReport> {
     let depth = a.depth.clamp(1, 64);
     let nops = a.transfer_size / op;
     let total = nops * op;
-    let net = Net::new(a.rails, a.rate, a.loopback)?;
+    let net = Net::new(
+        a.rails,
+        a.rate.shaped("use --loopback for unshaped rails")?,
+        a.loopback,
+    )?;
     if a.fail_how == FailHow::Drop && net.tb.is_none() {
         bail!("--fail-how drop needs the namespace testbed");
     }

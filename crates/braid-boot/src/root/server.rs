@@ -106,9 +106,9 @@ impl RootServer {
         secret: Option<Vec<u8>>,
         join_timeout: Duration,
     ) -> Result<RootServer, BootError> {
-        let listen_err = |source| BootError::RootListen {
+        let listen_err = |error| BootError::RootListen {
             addr: bind.to_string(),
-            source,
+            error,
         };
         let sock = socket2::Socket::new(
             socket2::Domain::for_address(bind),

@@ -159,16 +159,21 @@ fn launch(defaults: &braid_boot::WorldOptions) -> Vec<Setting> {
 fn braid_core(defaults: &braid_boot::WorldOptions) -> Vec<Setting> {
     const CTX: &str = "braid (Context::new)";
     let ctx = braid::ContextConfig::from_env();
-    let (secret, threads) = match &ctx {
+    let (secret, threads, insecure) = match &ctx {
         Ok(c) => (
             match (&c.secret, std::env::var_os(braid::SECRET_ENV).is_some()) {
                 (Some(_), true) => "rails authenticated (secret from BRAID_SECRET)".to_string(),
                 (Some(_), false) => "rails authenticated (secret from the file)".to_string(),
-                (None, _) => "rails not authenticated".to_string(),
+                (None, _) => "rails not authenticated: listening on loopback only".to_string(),
             },
             c.engine_threads.to_string(),
+            on_off(c.insecure),
         ),
-        Err(e) => (format!("refused: {e}"), format!("refused: {e}")),
+        Err(e) => (
+            format!("refused: {e}"),
+            format!("refused: {e}"),
+            format!("refused: {e}"),
+        ),
     };
     let exchange = defaults.endpoint.page_exchange;
     let transport = format!("{:?}", braid::RailTransport::from_env()).to_lowercase();
@@ -186,6 +191,13 @@ fn braid_core(defaults: &braid_boot::WorldOptions) -> Vec<Setting> {
             "none",
             secret,
             "file holding the cluster secret (when BRAID_SECRET is unset)",
+        ),
+        row(
+            braid::INSECURE_ENV,
+            CTX,
+            "off",
+            insecure,
+            "1: listen beyond loopback without a secret (one warning per process)",
         ),
         row(
             braid::ENGINE_THREADS_ENV,

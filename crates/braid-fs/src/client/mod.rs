@@ -460,7 +460,7 @@ impl Client {
 
     /// Closes the connection: every operation in flight fails, and every later one.
     pub fn close(&self) {
-        self.inner.rpc.fail("closed by the application".into());
+        self.inner.rpc.close("closed by the application".into());
         self.inner.data.endpoint().close();
     }
 }
@@ -495,7 +495,7 @@ fn completion_loop(inner: &Inner) {
         }
     }
     // Closing flushes everything in flight; run those callbacks (bounded).
-    inner.rpc.fail("the client was dropped".into());
+    inner.rpc.close("the client was dropped".into());
     inner.data.endpoint().close();
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline && (inner.data.in_flight() > 0 || !inner.cq.is_empty()) {

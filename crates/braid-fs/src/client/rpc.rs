@@ -258,10 +258,24 @@ impl Rpc {
     /// The connection is gone: every outstanding and waiting request fails, and so does
     /// every later one.
     pub(crate) fn fail(&self, why: String) {
+        self.end(why, false);
+    }
+
+    /// [`Rpc::fail`] for an end the application asked for (a close, a drop, an unmount):
+    /// not worth a warning.
+    pub(crate) fn close(&self, why: String) {
+        self.end(why, true);
+    }
+
+    fn end(&self, why: String, deliberate: bool) {
         let (pending, backlog) = {
             let mut st = self.state.lock();
             if st.dead.is_none() {
-                tracing::warn!("braid-fs client: {why}");
+                if deliberate {
+                    tracing::debug!("braid-fs client: {why}");
+                } else {
+                    tracing::warn!("braid-fs client: {why}");
+                }
                 st.dead = Some(why.clone());
             }
             (

@@ -113,16 +113,24 @@ impl MountConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
     /// `/dev/fuse` or the mount itself failed (not root and no `fusermount3`, ...).
-    #[error("mounting {path}: {source}")]
+    #[error("mounting {path}: {error}")]
     Mount {
         /// The mount point.
         path: PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why (in the message, so not a `source()`).
+        error: std::io::Error,
     },
     /// The buffers could not be registered.
     #[error("registering buffers: {0}")]
-    Buffers(#[from] braid::Error),
+    Buffers(braid::Error),
+}
+
+// The cause is in the message, so it is not also the `source()`: a chain printed with
+// `{:#}` would say it twice.
+impl From<braid::Error> for MountError {
+    fn from(e: braid::Error) -> Self {
+        MountError::Buffers(e)
+    }
 }
 
 /// Size of one buffer: the largest read or write the kernel sends (`max_read`/`max_write`).
@@ -174,9 +182,9 @@ pub fn mount(client: Client, cfg: MountConfig) -> Result<Mount, MountError> {
     };
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = true;
-    let err = |source| MountError::Mount {
+    let err = |error| MountError::Mount {
         path: cfg.mountpoint.clone(),
-        source,
+        error,
     };
     let mut session = fuser::Session::new(fs, &cfg.mountpoint, &config).map_err(err)?;
     *shared.notifier.lock() = Some(session.notifier());

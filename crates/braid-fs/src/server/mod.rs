@@ -124,10 +124,24 @@ pub enum ServerError {
     Export(String),
     /// Listening failed.
     #[error("listening: {0}")]
-    Listen(#[from] braid::Error),
+    Listen(braid::Error),
     /// A thread could not be started.
     #[error("starting a thread: {0}")]
-    Thread(#[from] std::io::Error),
+    Thread(std::io::Error),
+}
+
+// The cause is in the message, so it is not also the `source()`: a chain printed with
+// `{:#}` would say it twice.
+impl From<braid::Error> for ServerError {
+    fn from(e: braid::Error) -> Self {
+        ServerError::Listen(e)
+    }
+}
+
+impl From<std::io::Error> for ServerError {
+    fn from(e: std::io::Error) -> Self {
+        ServerError::Thread(e)
+    }
 }
 
 /// A client's session token: 64 bits from the operating system's generator (never 0), so

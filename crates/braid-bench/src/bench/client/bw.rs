@@ -1,4 +1,4 @@
-//! Bandwidth tests: keep operations in flight for -n or -D, and the plain-TCP stream beside
+//! Bandwidth tests: keep operations in flight for --iters or -D, and the plain-TCP stream beside
 //! them.
 
 use std::time::{Duration, Instant};
@@ -66,7 +66,7 @@ impl TcpBw {
     }
 }
 
-/// A bandwidth test: keep `depth` operations in flight until -n or -D.
+/// A bandwidth test: keep `depth` operations in flight until --iters or -D.
 pub(super) fn run_bw(
     ctx: &Context,
     peer: &mut Peer,

@@ -188,7 +188,7 @@ pub(super) fn tcp_lat(
     })
 }
 
-/// The rounds of a latency test, one operation each: [`warmup_rounds`] first, then `-n`
+/// The rounds of a latency test, one operation each: [`warmup_rounds`] first, then `--iters`
 /// measured ones or as many as `-D` allows.
 pub(super) struct Rounds {
     warmup: u64,
@@ -238,7 +238,7 @@ impl Rounds {
     }
 }
 
-/// Rounds before the measured ones: a tenth of `-n`, at most 100 (100 with `-D`).
+/// Rounds before the measured ones: a tenth of `--iters`, at most 100 (100 with `-D`).
 pub(super) fn warmup_rounds(plan: &Plan) -> u64 {
     if plan.iters == u64::MAX {
         100

@@ -95,9 +95,9 @@ pub fn run(op: Op, a: &ClientArgs) -> Result<()> {
         bail!("-q must be 1 .. {MAX_DEPTH}");
     }
     let duration = a.duration.map(|d| secs(d, "-D")).transpose()?;
-    let stall = secs(a.op_timeout, "--op-timeout")?;
+    let stall = secs(a.op_timeout, "--peer-timeout")?;
     let iters = match (a.iters, duration) {
-        (Some(0), _) => bail!("-n must be at least 1"),
+        (Some(0), _) => bail!("--iters must be at least 1"),
         (Some(n), _) => n,
         (None, Some(_)) => u64::MAX,
         (None, None) if op.is_lat() => 1000,

@@ -67,7 +67,7 @@ impl Session {
     /// wait behind this one: at 1 Gbit/s (1 MiB window) 256 KiB chunks kept four rails at
     /// 478 MB/s where 512 KiB chunks (half the window) gave 454 and 1 MiB chunks 394-478
     /// (`braid bench write -s 4190211 -D 5 -q 8 [--chunk 256K] [--min-window 1M]` on
-    /// `braid testbed up --rails 4`, docs/RESULTS.md).
+    /// `braid testbed up --rail-count 4`, docs/RESULTS.md).
     /// A chunk of two pages or more is whole pages: the chunks of a page-aligned operation
     /// then start on page boundaries, where a same-host receiver can map them instead of
     /// copying (page exchange; 16 MiB writes over four rings with 16 MiB in flight went at

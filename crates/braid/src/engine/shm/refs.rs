@@ -339,7 +339,7 @@ impl<'a> Dest<'a> {
 }
 
 /// Copies at least this long bypass the cache on their stores. 16 MiB writes at depth 1
-/// (`braid bench write -s 16M -q 1 --spin-us 1000000`, the receiver's copy): 17.1-19.2 GB/s
+/// (`braid bench write -s 16M -q 1 --poll-spin-us 1000000`, the receiver's copy): 17.1-19.2 GB/s
 /// with glibc's non-temporal threshold at 1 MiB, 9.6-14.0 at its default (240 MiB on this
 /// VM, from a reported 320 MiB cache); 4 MiB writes to one destination at depth 1 were
 /// slower so (19.9-20.7 against 28.4-28.5 GB/s: they stay in cache), hence 8 MiB.
