@@ -33,7 +33,7 @@ LISTEN=198.18.0.2:18630,198.18.1.2:18630,198.18.2.2:18630,198.18.3.2:18630
 RAILS=198.18.0.1=198.18.0.2:18630,198.18.1.1=198.18.1.2:18630,198.18.2.1=198.18.2.2:18630,198.18.3.1=198.18.3.2:18630
 for turn in $(seq 1 "$TURNS"); do
     for B in "$@"; do
-        ip netns exec fsw-h1 "$B" fs serve --export "$EXPORT" --listen "$LISTEN" >/dev/null 2>&1 &
+        ip netns exec fsw-h1 "$B" fs serve --export "$EXPORT" --listen "$LISTEN" --no-root-squash >/dev/null 2>&1 &
         SP=$!
         for _ in $(seq 100); do
             ip netns exec fsw-h1 ss -ltnH 'sport = :18630' | grep -q . && break

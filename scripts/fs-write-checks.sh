@@ -30,7 +30,7 @@ cleanup() {
 trap cleanup EXIT
 LISTEN=198.18.0.2:18640,198.18.1.2:18640,198.18.2.2:18640,198.18.3.2:18640
 RAILS=198.18.0.1=198.18.0.2:18640,198.18.1.1=198.18.1.2:18640,198.18.2.1=198.18.2.2:18640,198.18.3.1=198.18.3.2:18640
-ip netns exec fsc-h1 "$B" fs serve --export "$EXPORT" --listen "$LISTEN" >"$LOGS/serve" 2>&1 &
+ip netns exec fsc-h1 "$B" fs serve --export "$EXPORT" --listen "$LISTEN" --no-root-squash >"$LOGS/serve" 2>&1 &
 SP=$!
 for _ in $(seq 100); do
     ip netns exec fsc-h1 ss -ltnH 'sport = :18640' | grep -q . && break

@@ -485,8 +485,8 @@ fn main() {
     // ------------------------------------------------------------------ fs_proto
     {
         use braid_fs::proto::{
-            Attr, Creds, Entry, Errno, NodeId, Op, Reply, Request, SetAttr, TimeSet, encode_reply,
-            encode_request,
+            Attr, Caller, Creds, Entry, Errno, NodeId, Op, Reply, Request, SetAttr, TimeSet,
+            encode_reply, encode_request,
         };
         let d = &dirs[3];
         let node = NodeId { id: 7, generation: 0x1234 };
@@ -502,7 +502,7 @@ fn main() {
             ("readdir", Request::ReadDir { dh: 1, offset: 0, max_bytes: 4096 }),
         ];
         for (name, r) in reqs {
-            fs::write(d.join(format!("req_{name}")), encode_request(1, &r).unwrap()).unwrap();
+            fs::write(d.join(format!("req_{name}")), encode_request(1, &Caller::new(1000, 100, vec![4, 27]), &r).unwrap()).unwrap();
         }
         let entry = Entry { node, attr: Attr { size: 5, mode: 0o100644, nlink: 1, ..Default::default() } };
         let reps = [
@@ -517,7 +517,7 @@ fn main() {
 
     // ------------------------------------------------------------------ fs_handle
     {
-        use braid_fs::proto::{Creds, NodeId, Request, SetAttr, encode_request};
+        use braid_fs::proto::{Caller, Creds, NodeId, Request, SetAttr, encode_request};
         let d = &dirs[4];
         // Generation 0: the harness gives it the export's. Ids are handed out in order: the
         // root is 1, the next object looked up or created 2, and so on; handles count from 1.
@@ -562,7 +562,7 @@ fn main() {
         for (file, reqs) in seqs {
             let mut out = Vec::new();
             for (i, r) in reqs.iter().enumerate() {
-                let m = encode_request(i as u64, r).unwrap();
+                let m = encode_request(i as u64, &Caller::default(), r).unwrap();
                 out.extend_from_slice(&(m.len() as u16).to_le_bytes());
                 out.extend_from_slice(&m);
             }

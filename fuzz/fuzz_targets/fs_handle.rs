@@ -136,7 +136,7 @@ fuzz_target!(|data: &[u8]| {
             let body = &rest[2..];
             let (msg, next) = body.split_at(len.min(body.len()));
             rest = next;
-            if let Ok((_, mut req)) = decode_request(msg) {
+            if let Ok((_, _, mut req)) = decode_request(msg) {
                 tame(&mut req, g);
                 let _ = ex.handle(req);
             }

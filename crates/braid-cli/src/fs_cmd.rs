@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 
 use braid_fs::client::{Client, ClientConfig};
 use braid_fs::mount::{MountConfig, mount};
-use braid_fs::server::{Server, ServerConfig};
+use braid_fs::server::{Server, ServerConfig, Squash};
 use braid_testbed::parse::{self, RailSpec};
 
 /// The file service's subcommands.
@@ -51,6 +51,19 @@ pub struct ServeArgs {
     /// Microseconds an idle worker busy-polls before sleeping.
     #[arg(long, value_name = "US", default_value_t = 20)]
     poll_spin_us: u64,
+    /// Trust client root (NFS no_root_squash). By default a caller with uid 0 (group 0)
+    /// acts as the anonymous user (group).
+    #[arg(long, conflicts_with = "all_squash")]
+    no_root_squash: bool,
+    /// Every caller acts as the anonymous user and group (NFS all_squash).
+    #[arg(long)]
+    all_squash: bool,
+    /// The anonymous user squashed callers act as.
+    #[arg(long, default_value_t = braid_fs::server::ANON_ID)]
+    anon_uid: u32,
+    /// The anonymous group squashed callers act as.
+    #[arg(long, default_value_t = braid_fs::server::ANON_ID)]
+    anon_gid: u32,
     /// Serve on non-loopback addresses without a cluster secret (no authentication: anyone
     /// who reaches the port is served). As BRAID_INSECURE=1; prints a warning.
     #[arg(long)]
@@ -84,6 +97,10 @@ pub struct MountArgs {
     /// Let other users use the mount (allow_other).
     #[arg(long)]
     allow_other: bool,
+    /// Leave every permission check to the server (no default_permissions): to test the
+    /// server's enforcement alone; access(2) then always succeeds.
+    #[arg(long)]
+    no_default_permissions: bool,
     /// Read-ahead of the mount in KiB.
     #[arg(long, default_value_t = 8192)]
     readahead_kib: u32,
@@ -145,10 +162,26 @@ fn serve(a: &ServeArgs) -> Result<()> {
     };
     cfg.workers = a.workers.clamp(1, 64);
     cfg.poll_spin = Duration::from_micros(a.poll_spin_us.min(100_000));
+    cfg.squash = match (a.no_root_squash, a.all_squash) {
+        (_, true) => Squash::All,
+        (true, false) => Squash::None,
+        (false, false) => Squash::Root,
+    };
+    (cfg.anon_uid, cfg.anon_gid) = (a.anon_uid, a.anon_gid);
+    let squash = cfg.squash;
     let server = Server::start(&ctx, cfg)?;
     let addrs: Vec<String> = server.local_addrs().iter().map(|s| s.to_string()).collect();
+    let acting = match (server.acts_as_callers(), squash) {
+        (false, _) => format!(
+            "as uid {} for every caller (not root: cannot act as the callers)",
+            rustix::process::geteuid().as_raw()
+        ),
+        (true, Squash::None) => "as each caller, root trusted".into(),
+        (true, Squash::Root) => format!("as each caller, root as {}:{}", a.anon_uid, a.anon_gid),
+        (true, Squash::All) => format!("as {}:{} for every caller", a.anon_uid, a.anon_gid),
+    };
     eprintln!(
-        "braid fs: serving {} on {}{} (SIGINT or SIGTERM stops)",
+        "braid fs: serving {} on {}{}, {acting} (SIGINT or SIGTERM stops)",
         a.export.display(),
         addrs.join(","),
         if a.read_only { ", read-only" } else { "" }
@@ -180,6 +213,7 @@ fn mount_cmd(a: &MountArgs) -> Result<()> {
     cfg.negative_timeout = timeout(a.negative_timeout, "--negative-timeout")?;
     cfg.sync_on_close = a.sync_on_close;
     cfg.allow_other = a.allow_other;
+    cfg.default_permissions = !a.no_default_permissions;
     cfg.readahead_kib = a.readahead_kib.max(4);
     cfg.threads = a.threads.clamp(1, 64);
     cfg.direct_writes = !a.cached_writes;

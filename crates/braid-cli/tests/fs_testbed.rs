@@ -134,6 +134,8 @@ impl Cluster {
                 .args(["fs", "serve", "--export"])
                 .arg(export.path())
                 .args(["--listen", &listen.join(",")])
+                // The test runs as root and owns the export (NFS's no_root_squash).
+                .arg("--no-root-squash")
                 .env("RUST_LOG", "error")
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())

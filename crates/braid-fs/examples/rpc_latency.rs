@@ -3,13 +3,16 @@ use std::time::Instant;
 
 use braid::Context;
 use braid_fs::client::{Client, ClientConfig};
-use braid_fs::server::{Server, ServerConfig};
+use braid_fs::server::{Server, ServerConfig, Squash};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("braid-fs-lat-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let ctx = Context::new()?;
-    let server = Server::start(&ctx, ServerConfig::new(&dir, vec!["127.0.0.1:0".parse()?]))?;
+    let mut cfg = ServerConfig::new(&dir, vec!["127.0.0.1:0".parse()?]);
+    // This process owns the export, root or not.
+    cfg.squash = Squash::None;
+    let server = Server::start(&ctx, cfg)?;
     let a = server.local_addrs()[0];
     let cctx = Context::new()?;
     let client = Client::connect(

@@ -6,12 +6,14 @@ use std::time::Duration;
 use braid::{Context, RailAddr};
 use braid_fs::client::{Client, ClientConfig, Error};
 use braid_fs::proto::{Errno, LockKind, LockRange};
-use braid_fs::server::{Server, ServerConfig};
+use braid_fs::server::{Server, ServerConfig, Squash};
 
 fn server() -> (tempfile::TempDir, Server, Vec<RailAddr>) {
     let dir = tempfile::tempdir().unwrap();
     let ctx = Context::new().unwrap();
-    let cfg = ServerConfig::new(dir.path(), vec!["127.0.0.1:0".parse().unwrap()]);
+    let mut cfg = ServerConfig::new(dir.path(), vec!["127.0.0.1:0".parse().unwrap()]);
+    // The tests run as root and own the export: trust root, as NFS's no_root_squash.
+    cfg.squash = Squash::None;
     let server = Server::start(&ctx, cfg).unwrap();
     let rails = server
         .local_addrs()

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use braid::{Access, Context, RailAddr};
 use braid_fs::client::{Client, ClientConfig, Error};
 use braid_fs::proto::{Errno, SetAttr};
-use braid_fs::server::{Server, ServerConfig};
+use braid_fs::server::{Server, ServerConfig, Squash};
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -28,6 +28,8 @@ fn setup(read_only: bool) -> Setup {
         ],
     );
     cfg.read_only = read_only;
+    // The tests run as root and own the export: trust root, as NFS's no_root_squash.
+    cfg.squash = Squash::None;
     let server = Server::start(&ctx, cfg).unwrap();
     let rails = server
         .local_addrs()

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use braid::{Access, CompletionQueue, Context, Endpoint, EndpointOptions, RailAddr, RailTransport};
 use braid_fs::client::{Client, ClientConfig, DirIter, Error};
 use braid_fs::proto::{self, Errno, HelloReply, Op, Reply, Request, Role};
-use braid_fs::server::{Server, ServerConfig};
+use braid_fs::server::{Server, ServerConfig, Squash};
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -19,6 +19,8 @@ struct Setup {
 fn setup(tweak: impl FnOnce(&mut ServerConfig)) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = ServerConfig::new(dir.path(), vec!["127.0.0.1:0".parse().unwrap()]);
+    // The tests run as root and own the export: trust root, as NFS's no_root_squash.
+    cfg.squash = Squash::None;
     tweak(&mut cfg);
     let server = Server::start(&Context::new().unwrap(), cfg).unwrap();
     let rails = server
@@ -58,7 +60,7 @@ impl Setup {
             role,
             session,
         };
-        let msg = proto::encode_request(7, &hello).unwrap();
+        let msg = proto::encode_request(7, &proto::Caller::default(), &hello).unwrap();
         buf.write_at(0, &msg).unwrap();
         ep.send(1, &[buf.slice(0, msg.len()).unwrap()]).unwrap();
         loop {

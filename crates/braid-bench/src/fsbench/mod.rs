@@ -23,6 +23,7 @@
 pub mod braidfs;
 pub mod libclient;
 pub mod mounts;
+pub mod pjd_c;
 pub mod posix;
 pub mod procs;
 pub mod rows;

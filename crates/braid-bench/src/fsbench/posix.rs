@@ -295,12 +295,16 @@ pub struct Verdict {
     /// Tests the passthrough ran that the run on the mount under test never reached (it
     /// ended early): these fail the run too.
     pub not_run: Vec<String>,
+    /// pjd's C suite on both, when run (`--suite c` or `both`).
+    pub c_suite: Option<super::pjd_c::CVerdict>,
 }
 
 impl Verdict {
     /// Whether the suite passes: no unexplained failure.
     pub fn ok(&self) -> bool {
-        self.unexplained.is_empty() && self.not_run.is_empty()
+        self.unexplained.is_empty()
+            && self.not_run.is_empty()
+            && self.c_suite.as_ref().is_none_or(|c| c.ok())
     }
 
     /// A readable report.
@@ -342,6 +346,9 @@ impl Verdict {
                 self.not_run.len(),
                 self.not_run.join(" ")
             );
+        }
+        if let Some(c) = &self.c_suite {
+            s.push_str(&c.report(what));
         }
         let _ = writeln!(
             s,
@@ -478,6 +485,17 @@ pub enum PosixSystem {
     Sshfs,
 }
 
+/// Which suites `braid fs posix-suite` runs.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Suites {
+    /// The Rust rewrite (pjdfstest 0.2.2 from crates.io).
+    Rust,
+    /// pjd's original C suite, built from the vendored tarball (`--pjd-tarball`).
+    C,
+    /// Both.
+    Both,
+}
+
 /// `braid fs posix-suite` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PosixArgs {
@@ -507,14 +525,23 @@ pub struct PosixArgs {
     /// Write the verdict as JSON to FILE ("-" for stdout).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Which suites to run.
+    #[arg(long, value_enum, default_value = "rust")]
+    pub suite: Suites,
+    /// pjd's C suite (`--suite c|both`), built in the run's temp dir.
+    #[arg(long, default_value = super::pjd_c::DEFAULT_TARBALL)]
+    pub pjd_tarball: PathBuf,
 }
 
 /// Runs the suite on the passthrough and on the system under test and compares them; the
 /// report is printed. The caller decides what an unexplained failure means (the CLI exits 1).
 pub fn run(args: &PosixArgs) -> Result<Verdict> {
+    use super::pjd_c;
     use braid_testbed::testbed::{self, Testbed, TestbedSpec};
+    let rust = args.suite != Suites::C;
     let pjd = match &args.pjdfstest {
         Some(p) => p.clone(),
+        None if !rust => PathBuf::new(),
         None => find_pjdfstest().with_context(|| {
             format!(
                 "pjdfstest not found; install it with `cargo install pjdfstest --version {PJDFSTEST_VERSION} --locked` or pass --pjdfstest"
@@ -540,6 +567,18 @@ pub fn run(args: &PosixArgs) -> Result<Verdict> {
     let tmp = mounts::TempDir::new_in(&args.dir, "braid-posix")?;
     let config = tmp.path().join("pjdfstest.toml");
     std::fs::write(&config, CONFIG)?;
+    let c_root = match args.suite {
+        Suites::Rust => None,
+        _ => Some(pjd_c::build(&args.pjd_tarball, tmp.path())?),
+    };
+    let suites = |mnt: &Path| -> Result<(SuiteRun, Option<pjd_c::ProveRun>)> {
+        let r = match rust {
+            true => run_suite(&pjd, &config, mnt, &[], limit)?,
+            false => SuiteRun::default(),
+        };
+        let c = c_root.as_ref().map(|root| pjd_c::run(root, mnt, limit));
+        Ok((r, c.transpose()?))
+    };
     let (pt_src, pt_mnt) = (tmp.path().join("pt-src"), tmp.path().join("pt-mnt"));
     std::fs::create_dir_all(&pt_src)?;
     std::fs::create_dir_all(&pt_mnt)?;
@@ -548,7 +587,7 @@ pub fn run(args: &PosixArgs) -> Result<Verdict> {
         "posix-suite: pjdfstest on the bindfs passthrough {}",
         pt_mnt.display()
     );
-    let pt_run = run_suite(&pjd, &config, &pt_mnt, &[], limit)?;
+    let (pt_run, pt_c) = suites(&pt_mnt)?;
 
     let tb = Testbed::up(&TestbedSpec::unshaped(
         format!("fsp{}", std::process::id()),
@@ -588,14 +627,15 @@ pub fn run(args: &PosixArgs) -> Result<Verdict> {
         "posix-suite: pjdfstest on {what} at {}",
         service.mountpoint.display()
     );
-    let sut_run = run_suite(&pjd, &config, &service.mountpoint, &[], limit)?;
-    let verdict = compare(&sut_run, &pt_run, &known, |names| {
+    let (sut_run, sut_c) = suites(&service.mountpoint)?;
+    let mut verdict = compare(&sut_run, &pt_run, &known, |names| {
         eprintln!("posix-suite: rerunning {}", names.join(" "));
         Ok((
             run_suite(&pjd, &config, &service.mountpoint, names, limit)?,
             run_suite(&pjd, &config, passthrough.path(), names, limit)?,
         ))
     })?;
+    verdict.c_suite = sut_c.zip(pt_c).map(|(s, p)| pjd_c::CVerdict::new(s, p));
     drop(service);
     drop(braid_server);
     drop(tb);

@@ -22,6 +22,7 @@
 //! ```
 
 mod api;
+mod caller;
 mod coord;
 mod data;
 mod file;
@@ -38,6 +39,7 @@ use braid::{Access, Completion, CompletionQueue, Context, EndpointOptions, RailA
 use parking_lot::Mutex;
 
 pub use api::{DirIter, File};
+pub use caller::{ActingAs, act_as};
 pub use data::MAX_DATA_OPS;
 pub use reconnect::Reconnecting;
 pub use rpc::MAX_BACKLOG;
@@ -291,6 +293,7 @@ fn hello(
     ep.post_recv(HELLO_RECV, &[buf.slice(recv_at, 4096)?])?;
     let msg = proto::encode_request(
         0,
+        &caller::current(),
         &Request::Hello {
             version: proto::VERSION,
             role,

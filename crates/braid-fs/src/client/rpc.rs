@@ -97,7 +97,7 @@ impl Rpc {
             return Err((Error::Remote(e), cb));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let msg = match proto::encode_request(id, req) {
+        let msg = match proto::encode_request(id, &super::caller::current(), req) {
             Ok(m) => m,
             Err(e) => return Err((Error::Invalid(e.to_string()), cb)),
         };

@@ -13,21 +13,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, Request as FuseReq, TimeOrNow,
-    WriteFlags,
+    FileHandle, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, Request as FuseReq, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
 use super::MountConfig;
+use super::caller::{act_for, caller_of};
 use super::coord::KernelLock;
 use super::dirview::DirViews;
 use super::fs_helpers::{fill, timeset};
 use super::known::Known;
 use super::pool::Pool;
 use super::shared::{DirHandle, Handle, Shared, errno};
-use crate::client::{Client, Reconnecting};
+
+use crate::client::{Client, Reconnecting, act_as};
 use crate::proto::{COMMIT_DATASYNC, COMMIT_SYNC, Reply, Request, SetAttr};
 
 /// Small writes that grow a file travel inside a request (one round trip, no `MapRegion`).
@@ -38,7 +39,7 @@ const BUFFER_WAIT: Duration = Duration::from_secs(30);
 /// The FUSE side of a mount.
 pub(crate) struct BraidFs {
     pub(crate) shared: Arc<Shared>,
-    readahead: u32,
+    pub(crate) readahead: u32,
 }
 
 impl BraidFs {
@@ -75,39 +76,12 @@ impl BraidFs {
 
 impl Filesystem for BraidFs {
     fn init(&mut self, _req: &FuseReq, config: &mut KernelConfig) -> std::io::Result<()> {
-        let slot = self.shared.pool.slot_size() as u32;
-        if let Err(max) = config.set_max_write(slot) {
-            let _ = config.set_max_write(max);
-        }
-        if let Err(max) = config.set_max_readahead(self.readahead.max(slot)) {
-            let _ = config.set_max_readahead(max);
-        }
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        // Not FUSE_ATOMIC_O_TRUNC: with it the kernel hands O_TRUNC to our open and checks
-        // for a running executable (ETXTBSY) only afterwards, so `open(O_RDONLY|O_TRUNC)` of
-        // a program being run emptied it on the server and the program crashed (SIGSEGV);
-        // pjdfstest's open::etxtbsy failed intermittently. Without it the kernel refuses
-        // first and truncates with a SETATTR of its own.
-        for cap in [
-            InitFlags::FUSE_AUTO_INVAL_DATA,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_CACHE_SYMLINKS,
-            InitFlags::FUSE_MAX_PAGES,
-            // Locks go to the server, which holds them for every client.
-            InitFlags::FUSE_POSIX_LOCKS,
-            InitFlags::FUSE_FLOCK_LOCKS,
-            // Shared mappings of files opened with FOPEN_DIRECT_IO (appending ones).
-            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
-        ] {
-            if config.add_capabilities(cap).is_err() {
-                tracing::debug!("kernel lacks {cap:?}");
-            }
-        }
+        self.configure_kernel(config);
         Ok(())
     }
 
-    fn lookup(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let name = Self::name(name);
         if s.is_absent(parent.0, &name) {
@@ -172,7 +146,7 @@ impl Filesystem for BraidFs {
 
     fn setattr(
         &self,
-        _req: &FuseReq,
+        req: &FuseReq,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -188,6 +162,8 @@ impl Filesystem for BraidFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        // A truncation may wait for writes in flight and go out from another thread.
+        let caller = caller_of(req);
         let s = self.shared.clone();
         let node = s.node(ino);
         let srv_fh = fh.and_then(|f| s.handle(f)).map_or(0, |h| h.fh);
@@ -205,6 +181,7 @@ impl Filesystem for BraidFs {
         let go = {
             let state = state.clone();
             move || {
+                let _caller = act_as(caller);
                 s.known.forget(&[node.id]);
                 let epoch = s.known.epoch();
                 let s2 = s.clone();
@@ -255,6 +232,7 @@ impl Filesystem for BraidFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let name = Self::name(name);
         s.known.forget(&[parent.0]);
@@ -280,6 +258,7 @@ impl Filesystem for BraidFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let name = Self::name(name);
         s.known.forget(&[parent.0]);
@@ -295,14 +274,16 @@ impl Filesystem for BraidFs {
             .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
-    fn unlink(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _caller = act_for(req);
         self.remove(parent, name, reply, |parent, name| Request::Unlink {
             parent,
             name,
         });
     }
 
-    fn rmdir(&self, _req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &FuseReq, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _caller = act_for(req);
         self.remove(parent, name, reply, |parent, name| Request::Rmdir {
             parent,
             name,
@@ -317,6 +298,7 @@ impl Filesystem for BraidFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let name = Self::name(link_name);
         s.known.forget(&[parent.0]);
@@ -334,7 +316,7 @@ impl Filesystem for BraidFs {
 
     fn rename(
         &self,
-        _req: &FuseReq,
+        req: &FuseReq,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -342,6 +324,7 @@ impl Filesystem for BraidFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         s.known.forget_all();
         s.named(newparent.0, newname.as_bytes());
@@ -366,12 +349,13 @@ impl Filesystem for BraidFs {
 
     fn link(
         &self,
-        _req: &FuseReq,
+        req: &FuseReq,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         s.known.forget_all();
         s.named(newparent.0, newname.as_bytes());
@@ -385,7 +369,8 @@ impl Filesystem for BraidFs {
             .call(&r, move |r| s.reply_entry(reply, epoch, r));
     }
 
-    fn open(&self, _req: &FuseReq, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &FuseReq, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let node = s.node(ino);
         let f = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_APPEND);
@@ -611,7 +596,8 @@ impl Filesystem for BraidFs {
         self.shared.help(&done);
     }
 
-    fn opendir(&self, _req: &FuseReq, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &FuseReq, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         self.shared
             .call(&Request::OpenDir { node: s.node(ino) }, move |r| match r {
@@ -709,6 +695,7 @@ impl Filesystem for BraidFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _caller = act_for(req);
         let s = self.shared.clone();
         let name = Self::name(name);
         s.known.forget(&[parent.0]);

@@ -1,10 +1,10 @@
-//! Helpers of the FUSE request handlers (`fs.rs`): conversions, directory listing, and
-//! removals.
+//! Helpers of the FUSE request handlers (`fs.rs`): the kernel's configuration,
+//! conversions, directory listing, and removals.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
-use fuser::{INodeNo, ReplyDirectory, ReplyEmpty, TimeOrNow};
+use fuser::{INodeNo, InitFlags, KernelConfig, ReplyDirectory, ReplyEmpty, TimeOrNow};
 
 use super::fs::BraidFs;
 use super::shared::{errno, kind};
@@ -33,6 +33,39 @@ pub(crate) fn fill(entries: &[DirEntry], reply: &mut ReplyDirectory) {
 }
 
 impl BraidFs {
+    /// What the mount asks of the kernel at `init`.
+    pub(crate) fn configure_kernel(&self, config: &mut KernelConfig) {
+        let slot = self.shared.pool.slot_size() as u32;
+        if let Err(max) = config.set_max_write(slot) {
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(self.readahead.max(slot)) {
+            let _ = config.set_max_readahead(max);
+        }
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        // Not FUSE_ATOMIC_O_TRUNC: with it the kernel hands O_TRUNC to our open and checks
+        // for a running executable (ETXTBSY) only afterwards, so `open(O_RDONLY|O_TRUNC)` of
+        // a program being run emptied it on the server and the program crashed (SIGSEGV);
+        // pjdfstest's open::etxtbsy failed intermittently. Without it the kernel refuses
+        // first and truncates with a SETATTR of its own.
+        for cap in [
+            InitFlags::FUSE_AUTO_INVAL_DATA,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_MAX_PAGES,
+            // Locks go to the server, which holds them for every client.
+            InitFlags::FUSE_POSIX_LOCKS,
+            InitFlags::FUSE_FLOCK_LOCKS,
+            // Shared mappings of files opened with FOPEN_DIRECT_IO (appending ones).
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+        ] {
+            if config.add_capabilities(cap).is_err() {
+                tracing::debug!("kernel lacks {cap:?}");
+            }
+        }
+    }
+
     /// Unlink or rmdir: sends `request(parent, name)` and keeps the known attributes right.
     pub(crate) fn remove(
         &self,

@@ -19,6 +19,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod caller;
 mod coord;
 mod dirview;
 mod fs;
@@ -78,6 +79,11 @@ pub struct MountConfig {
     pub direct_writes: bool,
     /// Let other users access the mount (`allow_other`).
     pub allow_other: bool,
+    /// The client's kernel checks permissions from its cached attributes before asking the
+    /// server (`default_permissions`, default on). The server checks every request as its
+    /// caller either way; off, it alone decides, as for a client that skips the kernel's
+    /// checks (for testing that; `access(2)` then always succeeds).
+    pub default_permissions: bool,
     /// The source shown in `/proc/mounts`.
     pub fsname: String,
 }
@@ -97,6 +103,7 @@ impl MountConfig {
             poll_spin: Duration::from_micros(300),
             direct_writes: true,
             allow_other: false,
+            default_permissions: true,
             fsname: "braid-fs".into(),
         }
     }
@@ -156,9 +163,11 @@ pub fn mount(client: Client, cfg: MountConfig) -> Result<Mount, MountError> {
     let mut options = vec![
         MountOption::FSName(cfg.fsname.clone()),
         MountOption::Subtype("braid".into()),
-        MountOption::DefaultPermissions,
         MountOption::CUSTOM(format!("max_read={BUFFER_SIZE}")),
     ];
+    if cfg.default_permissions {
+        options.push(MountOption::DefaultPermissions);
+    }
     options.push(if read_only {
         MountOption::RO
     } else {

@@ -1,5 +1,6 @@
 //! Requests, and their encoding behind the common header (replies: [`super::reply`]).
 
+use super::caller::Caller;
 use super::codec::{Reader, Writer};
 use super::lock::LockRequest;
 use super::types::{Creds, NodeId, SetAttr};
@@ -488,10 +489,11 @@ pub(super) fn get_path(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<u8>
     Ok(p)
 }
 
-/// Encodes a request with id `id`.
-pub fn encode_request(id: u64, req: &Request) -> Result<Vec<u8>, EncodeError> {
+/// Encodes a request with id `id`, made by `caller`.
+pub fn encode_request(id: u64, caller: &Caller, req: &Request) -> Result<Vec<u8>, EncodeError> {
     let mut w = Writer::default();
     put_header(&mut w, false, req.op(), id, 0);
+    caller.put(&mut w);
     match req {
         Request::Hello {
             version,
@@ -643,14 +645,15 @@ pub fn encode_request(id: u64, req: &Request) -> Result<Vec<u8>, EncodeError> {
     finish(w)
 }
 
-/// Decodes a request message (header and body). Never panics; every malformed input is an
-/// error.
-pub fn decode_request(buf: &[u8]) -> Result<(u64, Request), DecodeError> {
+/// Decodes a request message (header, caller envelope and body): its id, who made it and
+/// the request. Never panics; every malformed input is an error.
+pub fn decode_request(buf: &[u8]) -> Result<(u64, Caller, Request), DecodeError> {
     let (h, body) = decode_header(buf)?;
     if h.is_reply {
         return Err(DecodeError::BadValue("kind", 1));
     }
     let r = &mut Reader::new(body);
+    let caller = Caller::get(r)?;
     let req = match h.op {
         Op::Hello => {
             let version = r.u8()?;
@@ -793,5 +796,5 @@ pub fn decode_request(buf: &[u8]) -> Result<(u64, Request), DecodeError> {
         Op::SetLockWait => Request::SetLockWait(LockRequest::get(r)?),
     };
     r.finish()?;
-    Ok((h.id, req))
+    Ok((h.id, caller, req))
 }

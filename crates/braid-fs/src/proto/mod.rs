@@ -13,11 +13,16 @@
 //! | 16 | 4 | status | replies: 0 or an [`Errno`] code (then the body is empty) |
 //! | 20 | 4 | body length | bytes after the header |
 //!
+//! A request's body starts with the caller envelope ([`Caller`]: uid, gid, supplementary
+//! groups), then the operation's fields. The server carries each request out as that caller
+//! (subject to the export's squashing); see `server::creds`.
+//!
 //! A message is at most [`MAX_MSG`] bytes. Names are 1..=255 bytes without `/` or NUL and
 //! never `.` or `..`; paths and symlink targets are 1..=4096 bytes without NUL. Decoding
 //! checks every length and value and never panics (see the tests and the `fs_proto` fuzz
 //! target); the layouts of the bodies are in `docs/FS.md`.
 
+mod caller;
 mod codec;
 mod errno;
 mod lock;
@@ -25,6 +30,7 @@ mod message;
 mod reply;
 mod types;
 
+pub use caller::{CALLER_MAX_LEN, Caller, MAX_GROUPS};
 pub use errno::Errno;
 pub use lock::{LockKind, LockRange, LockRequest};
 pub use message::{
@@ -36,8 +42,8 @@ pub use types::{
     Attr, Creds, DirEntry, Entry, NodeId, RegionInfo, SetAttr, StatFs, TimeSet, Timestamp,
 };
 
-/// The protocol version this build speaks.
-pub const VERSION: u8 = 3;
+/// The protocol version this build speaks (4: requests carry the caller envelope).
+pub const VERSION: u8 = 4;
 /// First two bytes of every message.
 pub const MAGIC: u16 = 0x4642;
 /// Bytes of the header.
@@ -48,9 +54,9 @@ pub const MAX_MSG: usize = 64 * 1024;
 pub const MAX_NAME: usize = 255;
 /// Longest path or symlink target.
 pub const MAX_PATH: usize = 4096;
-/// Largest `Write` whose bytes travel inside the request (header, handle, offset and
-/// length prefix take the rest of [`MAX_MSG`]).
-pub const MAX_INLINE_WRITE: usize = MAX_MSG - HEADER_LEN - 20;
+/// Largest `Write` whose bytes travel inside the request (header, the largest caller
+/// envelope, handle, offset and length prefix take the rest of [`MAX_MSG`]).
+pub const MAX_INLINE_WRITE: usize = MAX_MSG - HEADER_LEN - CALLER_MAX_LEN - 20;
 
 /// A message that cannot be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

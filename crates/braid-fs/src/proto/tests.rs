@@ -4,6 +4,15 @@ use proptest::prelude::*;
 
 use super::*;
 
+fn caller() -> impl Strategy<Value = Caller> {
+    (
+        any::<u32>(),
+        any::<u32>(),
+        proptest::collection::vec(any::<u32>(), 0..=MAX_GROUPS),
+    )
+        .prop_map(|(uid, gid, groups)| Caller::new(uid, gid, groups))
+}
+
 fn node() -> impl Strategy<Value = NodeId> {
     (any::<u64>(), any::<u64>()).prop_map(|(id, generation)| NodeId { id, generation })
 }
@@ -311,9 +320,9 @@ fn reply() -> impl Strategy<Value = (Op, Reply)> {
 
 proptest! {
     #[test]
-    fn requests_round_trip(id in any::<u64>(), req in request()) {
-        let bytes = encode_request(id, &req).unwrap();
-        prop_assert_eq!(decode_request(&bytes).unwrap(), (id, req));
+    fn requests_round_trip(id in any::<u64>(), who in caller(), req in request()) {
+        let bytes = encode_request(id, &who, &req).unwrap();
+        prop_assert_eq!(decode_request(&bytes).unwrap(), (id, who, req));
         // Every strict prefix is refused, never a panic.
         for cut in [0, 1, HEADER_LEN - 1, HEADER_LEN, bytes.len() - 1] {
             if cut < bytes.len() {
@@ -357,7 +366,7 @@ proptest! {
     /// Valid messages with one byte changed: decoding returns (error or a value), never panics.
     #[test]
     fn mutated_messages_never_panic(req in request(), pos in any::<usize>(), byte in any::<u8>()) {
-        let mut bytes = encode_request(1, &req).unwrap();
+        let mut bytes = encode_request(1, &Caller::default(), &req).unwrap();
         let i = pos % bytes.len();
         bytes[i] = byte;
         let _ = decode_request(&bytes);
@@ -380,6 +389,7 @@ fn bad_names_are_refused() {
     for bad in [&b""[..], b".", b"..", b"a/b", b"a\0b"] {
         let m = encode_request(
             1,
+            &Caller::default(),
             &Request::Lookup {
                 parent: p,
                 name: bad.to_vec(),
@@ -391,6 +401,7 @@ fn bad_names_are_refused() {
     let long = vec![b'x'; MAX_NAME + 1];
     let m = encode_request(
         1,
+        &Caller::default(),
         &Request::Unlink {
             parent: p,
             name: long,
@@ -404,6 +415,7 @@ fn bad_names_are_refused() {
     // A walk may hold slashes, but not NUL.
     let m = encode_request(
         1,
+        &Caller::default(),
         &Request::Walk {
             parent: p,
             path: b"a/../b".to_vec(),
@@ -414,6 +426,7 @@ fn bad_names_are_refused() {
     assert!(decode_request(&m).is_ok());
     let m = encode_request(
         1,
+        &Caller::default(),
         &Request::Walk {
             parent: p,
             path: b"a\0".to_vec(),
@@ -426,8 +439,11 @@ fn bad_names_are_refused() {
 
 #[test]
 fn header_checks() {
-    let m = encode_request(9, &Request::StatFs).unwrap();
-    assert_eq!(decode_request(&m).unwrap(), (9, Request::StatFs));
+    let m = encode_request(9, &Caller::default(), &Request::StatFs).unwrap();
+    assert_eq!(
+        decode_request(&m).unwrap(),
+        (9, Caller::default(), Request::StatFs)
+    );
     let mut bad = m.clone();
     bad[0] ^= 1;
     assert!(matches!(
@@ -462,8 +478,9 @@ fn header_checks() {
 
 #[test]
 fn counts_larger_than_the_body_are_refused_before_allocating() {
-    let mut m = encode_request(1, &Request::Forget { items: vec![] }).unwrap();
-    m[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    let mut m = encode_request(1, &Caller::default(), &Request::Forget { items: vec![] }).unwrap();
+    // After the empty caller envelope (10 bytes).
+    m[HEADER_LEN + 10..HEADER_LEN + 14].copy_from_slice(&u32::MAX.to_le_bytes());
     assert_eq!(decode_request(&m), Err(DecodeError::Truncated));
     let mut r = encode_reply(1, Op::ReadDir, &Ok(Reply::Dir(vec![], true))).unwrap();
     r[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&u32::MAX.to_le_bytes());
@@ -472,10 +489,13 @@ fn counts_larger_than_the_body_are_refused_before_allocating() {
 
 #[test]
 fn oversized_and_mismatched_encodings_fail() {
+    // The largest caller envelope still leaves room for the largest inline write.
+    let most = Caller::new(1, 2, (0..MAX_GROUPS as u32).collect());
     let data = vec![0u8; MAX_INLINE_WRITE];
     assert!(
         encode_request(
             1,
+            &most,
             &Request::Write {
                 fh: 1,
                 offset: 0,
@@ -488,6 +508,7 @@ fn oversized_and_mismatched_encodings_fail() {
     assert!(matches!(
         encode_request(
             1,
+            &most,
             &Request::Write {
                 fh: 1,
                 offset: 0,
@@ -510,13 +531,27 @@ fn unknown_status_decodes_as_eio() {
 }
 
 #[test]
+fn caller_envelopes_with_too_many_groups_are_refused() {
+    let mut m = encode_request(1, &Caller::new(5, 6, vec![7]), &Request::StatFs).unwrap();
+    // The group count, right after uid and gid.
+    m[HEADER_LEN + 8..HEADER_LEN + 10].copy_from_slice(&(MAX_GROUPS as u16 + 1).to_le_bytes());
+    assert_eq!(
+        decode_request(&m),
+        Err(DecodeError::BadValue("group count", MAX_GROUPS as u64 + 1))
+    );
+    // A caller built with more groups sends the first MAX_GROUPS.
+    let many = Caller::new(1, 1, (0..1000).collect());
+    assert_eq!(many.groups.len(), MAX_GROUPS);
+}
+
+#[test]
 fn appends_and_locks_refuse_inconsistent_bodies() {
     let both = Request::Append {
         fh: 1,
         data: vec![1],
         reserve: 5,
     };
-    let m = encode_request(1, &both).unwrap();
+    let m = encode_request(1, &Caller::default(), &both).unwrap();
     assert!(matches!(
         decode_request(&m),
         Err(DecodeError::BadValue("append reserve", 5))
@@ -526,7 +561,7 @@ fn appends_and_locks_refuse_inconsistent_bodies() {
         data: vec![],
         reserve: 0,
     };
-    assert!(decode_request(&encode_request(1, &neither).unwrap()).is_err());
+    assert!(decode_request(&encode_request(1, &Caller::default(), &neither).unwrap()).is_err());
     let backwards = Request::SetLock(LockRequest {
         fh: 1,
         owner: 2,
@@ -538,7 +573,7 @@ fn appends_and_locks_refuse_inconsistent_bodies() {
         },
     });
     assert!(matches!(
-        decode_request(&encode_request(1, &backwards).unwrap()),
+        decode_request(&encode_request(1, &Caller::default(), &backwards).unwrap()),
         Err(DecodeError::BadValue("lock range end", 9))
     ));
 }

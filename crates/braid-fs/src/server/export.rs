@@ -11,6 +11,7 @@ use braid::Context;
 use parking_lot::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timespec, Timestamps};
 
+use super::creds::{self, acting_uid};
 use super::filetype::{ExportPolicy, RegularFd};
 use super::inode::{Inode, InodeTable, dev_from_wire, empty_path, open_beneath, os, resolve_flags};
 use super::jobs::JobThread;
@@ -248,7 +249,9 @@ impl Export {
         self.install(cs, open_beneath(dir, name, false)?)
     }
 
-    /// Gives a new object to the caller and sets its exact mode.
+    /// Gives a new object to the caller and sets its exact mode. A thread acting as the
+    /// caller (`creds`) created it with the caller's ids already; only a root server that
+    /// does not switch gives it away here.
     fn own(
         &self,
         fd: impl AsFd,
@@ -256,7 +259,7 @@ impl Export {
         mode: u32,
         chmod_path: Option<&str>,
     ) -> Result<(), Errno> {
-        if self.as_root && (creds.uid != 0 || creds.gid != 0) {
+        if self.as_root && acting_uid().is_none() && (creds.uid != 0 || creds.gid != 0) {
             let st = rustix::fs::fstat(&fd)?;
             // A set-group-id directory already gave the object its group.
             let gid = if st.st_gid != 0 { st.st_gid } else { creds.gid };
@@ -449,7 +452,10 @@ impl Export {
                 if inode.is_dir() {
                     return Err(Errno::EPERM);
                 }
-                if self.as_root || inode.is_symlink() {
+                // A link by descriptor needs CAP_DAC_READ_SEARCH, which a thread acting as
+                // a non-root caller has not (nor a symlink's magic link: not done for them).
+                let privileged = self.as_root && acting_uid().is_none_or(|u| u == 0);
+                if privileged || inode.is_symlink() {
                     rustix::fs::linkat(&inode.fd, "", dir, os(&new_name)?, AtFlags::EMPTY_PATH)?;
                 } else {
                     let p = inode.proc_path()?;
@@ -538,14 +544,10 @@ impl Export {
             }
             Request::OpenDir { node } => {
                 let inode = self.table.get(node)?;
-                let dir = inode.dir()?;
+                inode.dir()?;
                 let ticket = self.ticket(cs)?;
-                let fd = rustix::fs::openat(
-                    dir,
-                    ".",
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )?;
+                // Through the magic link: read permission, not search, as a local opendir.
+                let fd = inode.reopen(OFlags::RDONLY | OFlags::DIRECTORY)?;
                 let mut c = cs.lock();
                 let dh = c.handle();
                 let d = OpenDir {
@@ -606,14 +608,7 @@ impl Export {
             return Err(Errno::EROFS);
         }
         let ticket = self.ticket(cs)?;
-        let fd = RegularFd::reopen(
-            &inode.fd,
-            if writable {
-                OFlags::RDWR
-            } else {
-                OFlags::RDONLY
-            },
-        )?;
+        let fd = creds::open_for_data(&inode, acc)?;
         let file = OpenFile {
             inode: inode.clone(),
             fd,

@@ -16,6 +16,7 @@
 //! ```
 
 mod conn;
+mod creds;
 mod export;
 mod filetype;
 #[cfg(feature = "fuzzing")]
@@ -45,6 +46,8 @@ use crate::proto::{
     self, Errno, HelloReply, MAX_MSG, Op, Reply, Request, Role, decode_request, encode_reply,
 };
 use conn::{Buffers, Conn, HELLO, HELLO_LEN, RECV, SEND};
+use creds::CallerMap;
+pub use creds::{ANON_ID, Squash};
 use export::Export;
 pub use filetype::ExportPolicy;
 use limits::{HELLO_DEADLINE, Limits, warn_limited};
@@ -82,6 +85,14 @@ pub struct ServerConfig {
     /// waking the progress engine and then the worker. Longer spins cost CPU that, on a
     /// small host, the threads doing the work miss.
     pub poll_spin: Duration,
+    /// Which callers become the anonymous user (default [`Squash::Root`], as NFS's
+    /// `root_squash`). A server running as root carries each request out as its (mapped)
+    /// caller; see [`Server::acts_as_callers`].
+    pub squash: Squash,
+    /// The anonymous user squashed callers become (default [`ANON_ID`], `nobody`).
+    pub anon_uid: u32,
+    /// The anonymous group (default [`ANON_ID`]).
+    pub anon_gid: u32,
 }
 
 impl ServerConfig {
@@ -99,6 +110,9 @@ impl ServerConfig {
             max_outstanding: 32,
             session: braid::SessionConfig::default(),
             poll_spin: Duration::from_micros(20),
+            squash: Squash::Root,
+            anon_uid: ANON_ID,
+            anon_gid: ANON_ID,
         }
     }
 }
@@ -155,6 +169,7 @@ struct Shared {
     ctx: Context,
     cfg: ServerConfig,
     export: Export,
+    callers: CallerMap,
     cq: CompletionQueue,
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     stop: AtomicBool,
@@ -200,9 +215,18 @@ impl Server {
         let per_client = 2 * cfg.max_outstanding.max(1) + 4;
         let cq = ctx.create_cq(cfg.max_clients.max(1) * 2 * per_client + 64);
         cq.set_spin(cfg.poll_spin);
+        let callers = CallerMap::new(cfg.squash, cfg.anon_uid, cfg.anon_gid);
+        if !callers.switches() {
+            tracing::warn!(
+                "not running as root (no CAP_SETUID and CAP_SETGID): every request is carried \
+                 out as uid {}, whoever the caller is; permissions are this user's",
+                rustix::process::geteuid().as_raw()
+            );
+        }
         let shared = Arc::new(Shared {
             ctx: ctx.clone(),
             export,
+            callers,
             cq,
             conns: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
@@ -242,6 +266,12 @@ impl Server {
     /// Endpoints connected now (a client has two: requests and data).
     pub fn endpoints(&self) -> usize {
         self.shared.conns.read().len()
+    }
+
+    /// Whether requests are carried out as their callers (a server running as root), not
+    /// as the server's own user.
+    pub fn acts_as_callers(&self) -> bool {
+        self.shared.callers.switches()
     }
 
     /// Objects the server holds handles for (the root included).
@@ -460,7 +490,7 @@ impl Shared {
             Ok(b) => b,
             Err(_) => return self.drop_conn(conn),
         };
-        let (id, req) = match decode_request(&bytes) {
+        let (id, _caller, req) = match decode_request(&bytes) {
             Ok(x) => x,
             Err(e) => {
                 warn_limited!(endpoint = c.endpoint, "bad hello: {e}; closing");
@@ -585,7 +615,7 @@ impl Shared {
         if conn.repost(slot).is_err() {
             return self.drop_conn(conn);
         }
-        let (id, req) = match decode_request(&bytes) {
+        let (id, caller, req) = match decode_request(&bytes) {
             Ok(x) => x,
             Err(e) => {
                 warn_limited!(endpoint = conn.ep.id(), "malformed request: {e}; closing");
@@ -593,7 +623,11 @@ impl Shared {
             }
         };
         let op = req.op();
-        let Some(reply) = self.dispatch(conn, id, req) else {
+        let reply = match self.callers.enter(&caller, &req) {
+            Ok(_acting) => self.dispatch(conn, id, req),
+            Err(e) => Some(Err(e)),
+        };
+        let Some(reply) = reply else {
             return; // a lock wait, answered when granted
         };
         let msg = match encode_reply(id, op, &reply) {
@@ -613,6 +647,8 @@ impl Shared {
     }
 }
 
+#[cfg(test)]
+mod creds_tests;
 #[cfg(test)]
 mod hostile_tests;
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use braid::{Context, RailAddr};
 use braid_fs::client::{Client, ClientConfig};
 use braid_fs::mount::{Mount, MountConfig, mount};
-use braid_fs::server::{Server, ServerConfig};
+use braid_fs::server::{Server, ServerConfig, Squash};
 
 /// Why FUSE mounts cannot be tested here, if they cannot.
 pub fn fuse_skip_reason() -> Option<String> {
@@ -58,6 +58,8 @@ impl Loopback {
             .map(|i| format!("127.0.0.{}:0", i + 1).parse().unwrap())
             .collect();
         let mut cfg = ServerConfig::new(dir.path().join("export"), listen);
+        // The tests run as root and own the export: trust root, as NFS's no_root_squash.
+        cfg.squash = Squash::None;
         tweak(&mut cfg);
         let server = Server::start(&ctx, cfg).unwrap();
         let rails = server

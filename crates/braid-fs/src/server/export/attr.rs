@@ -2,10 +2,11 @@
 
 use std::os::fd::OwnedFd;
 
-use rustix::fs::{Mode, OFlags, SeekFrom, Timespec, Timestamps};
+use rustix::fs::{OFlags, SeekFrom, Timespec, Timestamps};
 
 use super::{Export, OpenFile};
 use crate::proto::{Attr, DirEntry, Errno, MAX_MSG, Reply, SetAttr, TimeSet};
+use crate::server::creds;
 use crate::server::filetype::RegularFd;
 use crate::server::inode::{Inode, empty_path};
 
@@ -47,10 +48,8 @@ impl Export {
             if inode.is_symlink() {
                 return Err(Errno::EOPNOTSUPP);
             }
-            rustix::fs::chmod(
-                inode.proc_path()?.as_str(),
-                Mode::from_raw_mode(self.policy.squash(mode, inode.is_dir())),
-            )?;
+            let mode = self.policy.squash(mode, inode.is_dir());
+            creds::chmod(inode, mode, file.is_some_and(|f| f.writable))?;
         }
         if set.atime != TimeSet::Omit || set.mtime != TimeSet::Omit {
             let spec = |t: TimeSet| match t {
