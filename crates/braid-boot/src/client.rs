@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::auth::{self, Role};
 use crate::error::{BootError, Refusal};
-use crate::root::server::set_keepalive;
+use crate::root::event::set_keepalive;
 use crate::wire::{self, ClientMsg, Failure, RankInfo, ServerMsg, TableEntry};
 
 /// Collective kinds on the wire.

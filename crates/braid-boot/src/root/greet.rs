@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::core::ConnId;
-use super::server::{Event, set_keepalive};
+use super::event::{Event, set_keepalive};
 use crate::auth::{self, Role};
 use crate::error::Refusal;
 use crate::wire::{self, ClientMsg, ServerMsg};

@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 use braid::throttle::LogThrottle;
 
 use super::core::{Action, ConnId, RootCore};
+use super::event::Event;
 use super::greet::{Greeting, Progress};
 use crate::error::BootError;
-use crate::wire::{self, ClientMsg, ServerMsg};
+use crate::wire::{self, ClientMsg};
 
 /// Bound on the whole hello exchange of a new connection (however its bytes dribble in),
 /// counted from its accept.
@@ -31,24 +32,6 @@ const EXTRA_READERS: usize = 16;
 const WARN_INTERVAL: Duration = Duration::from_secs(1);
 /// Bound on writing one message to a rank.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-
-pub(super) enum Event {
-    Join {
-        conn: ConnId,
-        job: String,
-        rank: u32,
-        size: u32,
-        info: wire::RankInfo,
-        seen: std::net::IpAddr,
-        welcome: ServerMsg,
-        /// The process proved the cluster secret.
-        authenticated: bool,
-    },
-    Msg(ConnId, ClientMsg),
-    Closed(ConnId, String),
-    /// Rank 0 is done: stop once every rank has left, or at the deadline.
-    Finish(Instant),
-}
 
 struct Shared {
     stop: AtomicBool,
@@ -85,16 +68,6 @@ pub(crate) struct RootServer {
     accept: Option<JoinHandle<()>>,
     core: Option<JoinHandle<()>>,
     addr: SocketAddr,
-}
-
-/// TCP keepalive so a vanished host (no FIN, no RST) is noticed in about 10 s.
-pub(crate) fn set_keepalive(s: &TcpStream) -> std::io::Result<()> {
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(4))
-        .with_interval(Duration::from_secs(1))
-        .with_retries(5);
-    socket2::SockRef::from(s).set_tcp_keepalive(&ka)?;
-    s.set_nodelay(true)
 }
 
 impl RootServer {

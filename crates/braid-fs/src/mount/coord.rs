@@ -14,7 +14,7 @@ use std::time::Duration;
 use fuser::{ReplyEmpty, ReplyLock, ReplyWrite};
 use parking_lot::Mutex;
 
-use super::shared::{Handle, Shared, errno};
+use super::{Handle, Shared, errno};
 use crate::client::Error;
 use crate::proto::{
     COMMIT_SYNC, Errno, LockKind, LockRange, LockRequest, MAX_INLINE_WRITE, Reply, Request,

@@ -19,13 +19,16 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
+#[path = "fs_helpers.rs"]
+mod fs_helpers;
+
+use self::fs_helpers::{fill, timeset};
 use super::MountConfig;
 use super::caller::{act_for, caller_of};
-use super::coord::KernelLock;
 use super::dirview::DirViews;
-use super::fs_helpers::{fill, timeset};
 use super::known::Known;
 use super::pool::Pool;
+use super::shared::coord::KernelLock;
 use super::shared::{DirHandle, Handle, Shared, errno};
 
 use crate::client::{Client, Reconnecting, act_as};

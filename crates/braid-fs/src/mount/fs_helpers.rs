@@ -6,8 +6,8 @@ use std::os::unix::ffi::OsStrExt;
 
 use fuser::{INodeNo, InitFlags, KernelConfig, ReplyDirectory, ReplyEmpty, TimeOrNow};
 
-use super::fs::BraidFs;
-use super::shared::{errno, kind};
+use super::BraidFs;
+use crate::mount::shared::{errno, kind};
 use crate::proto::{DirEntry, Reply, Request, TimeSet, Timestamp};
 
 pub(crate) fn timeset(t: Option<TimeOrNow>) -> TimeSet {

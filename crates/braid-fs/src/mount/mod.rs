@@ -20,10 +20,8 @@
 //! ```
 
 mod caller;
-mod coord;
 mod dirview;
 mod fs;
-mod fs_helpers;
 mod known;
 mod pool;
 mod shared;

@@ -2,6 +2,9 @@
 //! kernel was told, the attributes known without asking (see [`super::known`]), and the
 //! conversion of replies into the kernel's.
 
+#[path = "coord.rs"]
+pub(crate) mod coord;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -140,7 +143,7 @@ pub(crate) struct Shared {
     /// Lookups answered `ENOENT` from a view.
     pub(crate) absent_from_views: AtomicU64,
     /// Locks taken through this mount (`mount/coord.rs`).
-    pub(crate) locks: super::coord::MountLocks,
+    pub(crate) locks: coord::MountLocks,
     /// How long a thread that sent a request polls for its reply (see [`Shared::call`]).
     pub(crate) spin: Duration,
     pub(crate) notifier: Mutex<Option<fuser::Notifier>>,

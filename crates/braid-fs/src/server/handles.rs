@@ -18,7 +18,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::fs::{FileType, Mode, OFlags};
 
-use super::inode::resolve_flags;
+use super::resolve_flags;
 use crate::proto::Errno;
 
 /// Most directory entries one search reads before it gives up (`ESTALE`).

@@ -1,6 +1,9 @@
 //! The server's inode table: server-chosen ids for the objects clients have looked up, each
 //! holding an `O_PATH` descriptor of the object, so a handle never names a path.
 
+#[path = "handles.rs"]
+mod handles;
+
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -8,7 +11,6 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
-use super::handles;
 use super::region::FileRegions;
 use crate::proto::{Attr, Errno, NodeId, Timestamp};
 

@@ -22,7 +22,6 @@ mod filetype;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-mod handles;
 mod inode;
 mod jobs;
 mod limits;
