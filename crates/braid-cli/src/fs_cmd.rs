@@ -89,8 +89,8 @@ pub struct MountArgs {
     negative_timeout: f64,
     /// Seconds to try connecting again after the server was lost before a call fails with
     /// an error (NFS's `soft`); 0, the default: for as long as it takes (NFS's `hard`).
-    #[arg(long, default_value_t = 0.0)]
-    timeout: f64,
+    #[arg(long = "peer-timeout", value_name = "SECS", default_value_t = 0.0)]
+    peer_timeout: f64,
     /// fsync on the server at every close (not only at fsync).
     #[arg(long)]
     sync_on_close: bool,
@@ -204,7 +204,7 @@ fn mount_cmd(a: &MountArgs) -> Result<()> {
         .collect();
     let mut ccfg = ClientConfig::new(rails);
     ccfg.poll_spin = Duration::from_micros(a.poll_spin_us.min(100_000));
-    let soft = timeout(a.timeout, "--timeout")?;
+    let soft = timeout(a.peer_timeout, "--peer-timeout")?;
     ccfg.reconnect_timeout = (!soft.is_zero()).then_some(soft);
     let client = Client::connect(&ctx, &ccfg).context("connecting to the server")?;
     let mut cfg = MountConfig::new(&a.mountpoint);

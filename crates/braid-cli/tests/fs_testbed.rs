@@ -170,7 +170,7 @@ impl Cluster {
                 .args([EXE, "fs", "mount", "--rails", &rails.join(",")])
                 // Soft: these tests want errors when the server or the network is gone (a
                 // hard mount, the default, waits for it to come back).
-                .args(["--timeout", "2"])
+                .args(["--peer-timeout", "2"])
                 .env("RUST_LOG", "error")
                 // The server's (tb.command) secret: it listens on testbed addresses.
                 .env("BRAID_SECRET", testbed::harness_secret())
