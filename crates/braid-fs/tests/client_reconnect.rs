@@ -9,14 +9,17 @@ use std::time::{Duration, Instant};
 
 use braid::{Context, RailAddr};
 use braid_fs::client::{ClientConfig, Reconnecting};
-use braid_fs::server::{Server, ServerConfig};
+use braid_fs::server::{Server, ServerConfig, Squash};
 
 fn start(ctx: &Context, root: &Path, listen: Vec<SocketAddr>) -> Server {
     // The old server's listening sockets are closed at shutdown; a bounded retry covers a
     // port that is not yet free again.
+    let mut config = ServerConfig::new(root, listen);
+    // The tests run as root and own the export: trust root, as NFS's no_root_squash.
+    config.squash = Squash::None;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        match Server::start(ctx, ServerConfig::new(root, listen.clone())) {
+        match Server::start(ctx, config.clone()) {
             Ok(s) => return s,
             Err(e) if Instant::now() < deadline => {
                 eprintln!("restart: {e}");

@@ -12,15 +12,18 @@ use std::time::{Duration, Instant};
 
 use braid::Context;
 use braid_fs::mount::Mount;
-use braid_fs::server::{Server, ServerConfig};
+use braid_fs::server::{Server, ServerConfig, Squash};
 use common::Loopback;
 
 /// Starts a server on `listen` again, retrying (bounded) while the old ports are not free.
 fn restart(export: &Path, listen: Vec<SocketAddr>) -> Server {
     let ctx = Context::new().unwrap();
+    let mut config = ServerConfig::new(export, listen);
+    // The tests run as root and own the export: trust root, as NFS's no_root_squash.
+    config.squash = Squash::None;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        match Server::start(&ctx, ServerConfig::new(export, listen.clone())) {
+        match Server::start(&ctx, config.clone()) {
             Ok(s) => return s,
             Err(e) if Instant::now() < deadline => {
                 eprintln!("restart: {e}");
