@@ -5,6 +5,9 @@
 # 8 B write-with-immediate latency on loopback (busy polling). Run as root.
 # usage: scripts/ab-nothing-slower.sh BRAID_A BRAID_B [ROUNDS]
 set -u
+# The testbed's hosts talk over non-loopback addresses, which braid authenticates: one
+# cluster secret for this run (or the caller's), read by both ends from the environment.
+export BRAID_SECRET=${BRAID_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 A=$1; B=$2; R=${3:-3}
 # The loopback latency compares braid's TCP path: builds with same-host rails would
 # otherwise use shared-memory rings there (BRAID_TRANSPORT=auto to measure those).

@@ -6,6 +6,9 @@
 # Needs root; makes the testbed `bwc` and removes it at the end.
 # usage: scripts/bw-cpu.sh [BRAID] [RAILS] [BENCH_WRITE_ARGS...]
 set -euo pipefail
+# The testbed's hosts talk over non-loopback addresses, which braid authenticates: one
+# cluster secret for this run (or the caller's), read by both ends from the environment.
+export BRAID_SECRET=${BRAID_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 BRAID=${1:-target/release/braid}
 N=${2:-4}
 shift $(( $# < 2 ? $# : 2 ))

@@ -7,6 +7,9 @@
 # and iperf3; makes the testbed `bwi` and removes it at the end.
 # usage: scripts/bw-vs-iperf3.sh [BRAID] [ROUNDS] [RAILS]
 set -euo pipefail
+# The testbed's hosts talk over non-loopback addresses, which braid authenticates: one
+# cluster secret for this run (or the caller's), read by both ends from the environment.
+export BRAID_SECRET=${BRAID_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 BRAID=${1:-target/release/braid}
 ROUNDS=${2:-3}
 N=${3:-4}

@@ -8,6 +8,9 @@
 # the mount at the end.
 # usage: scripts/fs-write-by-hand.sh RUNS TURNS BRAID [BRAID...]
 set -euo pipefail
+# The testbed's hosts talk over non-loopback addresses, which braid authenticates: one
+# cluster secret for this run (or the caller's), read by both ends from the environment.
+export BRAID_SECRET=${BRAID_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 RUNS=$1 TURNS=$2
 shift 2
 [ $# -ge 1 ] || { echo "usage: $0 RUNS TURNS BRAID [BRAID...]" >&2; exit 64; }

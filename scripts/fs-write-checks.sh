@@ -14,6 +14,9 @@
 #        scripts/fs-write-checks.sh BRAID timeline
 #        scripts/fs-write-checks.sh BRAID verify GIB
 set -euo pipefail
+# The testbed's hosts talk over non-loopback addresses, which braid authenticates: one
+# cluster secret for this run (or the caller's), read by both ends from the environment.
+export BRAID_SECRET=${BRAID_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 B=$1 MODE=$2
 "$B" testbed up --name fsc --hosts 2 --rail-count 4 >/dev/null
 EXPORT=$(mktemp -d /var/tmp/fsc-export.XXXXXX) MNT=$(mktemp -d /tmp/fsc-mnt.XXXXXX)

@@ -8,6 +8,9 @@
 # read-lat` and `atomic-lat`, whole operations) beside the TCP ping-pong's round trip.
 # usage: scripts/lat-vs-ucx.sh [BRAID] [ROUNDS] [BRAID_BENCH_ARGS...]
 set -euo pipefail
+# The testbed's hosts talk over non-loopback addresses, which braid authenticates: one
+# cluster secret for this run (or the caller's), read by both ends from the environment.
+export BRAID_SECRET=${BRAID_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 BRAID=${1:-target/release/braid}
 ROUNDS=${2:-3}
 shift $(( $# < 2 ? $# : 2 ))

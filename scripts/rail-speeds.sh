@@ -5,6 +5,9 @@
 # Makes testbed "rs" (198.18.0.0/15 addresses) and removes it afterwards. Prints one line per
 # run: MB/s, percent of the sum, rails given up during the run (client, server), hedges.
 set -u
+# The testbed's hosts talk over non-loopback addresses, which braid authenticates: one
+# cluster secret for this run (or the caller's), read by both ends from the environment.
+export BRAID_SECRET=${BRAID_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 B=$(realpath "$1"); RATES=$2; N=${3:-3}; D=${4:-10}
 NAME=rs; PORT=18900
 cleanup() { "$B" testbed down --name $NAME >/dev/null 2>&1; }

@@ -6,6 +6,9 @@
 # Needs root; makes the testbed `rbl` and removes it at the end.
 # usage: scripts/raw-blocking-lat.sh [BRAID] [ROUNDS] [SIZE]
 set -euo pipefail
+# The testbed's hosts talk over non-loopback addresses, which braid authenticates: one
+# cluster secret for this run (or the caller's), read by both ends from the environment.
+export BRAID_SECRET=${BRAID_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 BRAID=${1:-target/release/braid}
 ROUNDS=${2:-3}
 SIZE=${3:-65536}

@@ -8,6 +8,9 @@
 # usage: scripts/xdp-lat.sh [BRAID] [ROUNDS] [XDP_PINGPONG]
 #   (build: cargo build --release -p braid-cli -p braid-xdp --examples)
 set -euo pipefail
+# The testbed's hosts talk over non-loopback addresses, which braid authenticates: one
+# cluster secret for this run (or the caller's), read by both ends from the environment.
+export BRAID_SECRET=${BRAID_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 BRAID=${1:-target/release/braid}
 ROUNDS=${2:-3}
 XPP=${3:-target/release/examples/xdp_pingpong}

@@ -48,6 +48,10 @@ fi
 UP=1
 H0="$NAME-h0"
 H1="$NAME-h1"
+# The hosts talk over testbed (non-loopback) addresses: braid authenticates them with a
+# cluster secret, one fresh for this run, which both ends read from the environment.
+BRAID_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export BRAID_SECRET
 
 echo "== (1) plain TCP, one stream on rail 0"
 ip netns exec "$H1" "$B" baseline tcp server --listen 198.18.0.2 &
