@@ -7,6 +7,7 @@
 //! (`1gbit`) syntax that braid's commands share.
 
 pub mod parse;
+pub mod secret;
 pub mod testbed;
 
 pub use testbed::{Testbed, TestbedSpec};
