@@ -2,7 +2,7 @@
 //! testbed: testbed addresses are not loopback ones, so braid authenticates them.
 
 /// The cluster secret of the braid processes this process starts in a testbed (fresh random
-/// for each harness process): [`Testbed::command`] hands it to children as `BRAID_SECRET`,
+/// for each harness process): [`Testbed::command`](crate::Testbed::command) hands it to children as `BRAID_SECRET`,
 /// and in-process contexts of the harness use it too, so both ends authenticate.
 pub fn harness_secret() -> &'static str {
     static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
