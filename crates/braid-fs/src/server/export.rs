@@ -13,7 +13,9 @@ use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timespec, Timestamps};
 
 use super::creds::{self, acting_uid};
 use super::filetype::{ExportPolicy, RegularFd};
-use super::inode::{Inode, InodeTable, dev_from_wire, empty_path, open_beneath, os, resolve_flags};
+use super::inode::{
+    Inode, InodeTable, dev_from_wire, empty_path, open_beneath, openat2_beneath, os,
+};
 use super::jobs::JobThread;
 use super::limits::{HandleBudget, Limits, MAX_GROWTH, POPULATE_AHEAD, Ticket};
 use super::region::FileRegions;
@@ -697,12 +699,11 @@ impl Export {
         let mut tries = 0;
         loop {
             tries += 1;
-            let created = rustix::fs::openat2(
+            let created = openat2_beneath(
                 dir,
                 os(name)?,
                 OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::from_raw_mode(perm),
-                resolve_flags(),
             );
             match created {
                 Ok(fd) => {

@@ -18,7 +18,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::fs::{FileType, Mode, OFlags};
 
-use super::resolve_flags;
+use super::openat2_beneath;
 use crate::proto::Errno;
 
 /// Most directory entries one search reads before it gives up (`ESTALE`).
@@ -81,13 +81,8 @@ pub(crate) fn find_beneath(root: &OwnedFd, dev: u64, ino: u64) -> Result<Option<
         if entry.ino() != ino && !maybe_dir {
             continue;
         }
-        let Ok(child) = rustix::fs::openat2(
-            fd.as_fd(),
-            entry.file_name(),
-            path_flags(),
-            Mode::empty(),
-            resolve_flags(),
-        ) else {
+        let Ok(child) = openat2_beneath(fd.as_fd(), entry.file_name(), path_flags(), Mode::empty())
+        else {
             continue;
         };
         let Ok(st) = rustix::fs::fstat(&child) else {

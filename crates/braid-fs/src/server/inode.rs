@@ -330,13 +330,27 @@ pub(crate) fn open_beneath(dir: impl AsFd, path: &[u8], follow: bool) -> Result<
     if !follow {
         flags |= OFlags::NOFOLLOW;
     }
-    Ok(rustix::fs::openat2(
-        dir,
-        os(path)?,
-        flags,
-        Mode::empty(),
-        resolve_flags(),
-    )?)
+    Ok(openat2_beneath(dir, os(path)?, flags, Mode::empty())?)
+}
+
+/// `openat2` beneath `dir` with [`resolve_flags`]. The kernel answers `EAGAIN` when a
+/// rename or mount anywhere on the system raced the resolution of a `..` in the path;
+/// the resolution is then simply tried again (a bounded number of times).
+pub(crate) fn openat2_beneath<P: rustix::path::Arg + Copy>(
+    dir: impl AsFd,
+    path: P,
+    flags: OFlags,
+    mode: Mode,
+) -> rustix::io::Result<OwnedFd> {
+    const TRIES: usize = 64;
+    let dir = dir.as_fd();
+    let mut tries = 0;
+    loop {
+        match rustix::fs::openat2(dir, path, flags, mode, resolve_flags()) {
+            Err(rustix::io::Errno::AGAIN) if tries < TRIES => tries += 1,
+            r => return r,
+        }
+    }
 }
 
 /// `fstatat(fd, "", AT_EMPTY_PATH)` flags for an `O_PATH` descriptor.
